@@ -1,0 +1,146 @@
+package jobstore
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// JobState is the state of a job.
+type JobState string
+
+// Job states. A job is terminal in succeeded, failed or cancelled.
+const (
+	JobPending   JobState = "pending"
+	JobRunning   JobState = "running"
+	JobSucceeded JobState = "succeeded"
+	JobFailed    JobState = "failed"
+	JobCancelled JobState = "cancelled"
+)
+
+// Terminal reports whether no further transition can happen.
+func (s JobState) Terminal() bool {
+	return s == JobSucceeded || s == JobFailed || s == JobCancelled
+}
+
+// StepState is the state of a step.
+type StepState string
+
+// Step states. A step is terminal in every state but pending and dispatched.
+const (
+	StepPending      StepState = "pending"
+	StepDispatched   StepState = "dispatched"
+	StepSucceeded    StepState = "succeeded"
+	StepFailed       StepState = "failed"
+	StepSkipped      StepState = "skipped"
+	StepCancelled    StepState = "cancelled"
+	StepDeadLettered StepState = "dead_lettered"
+)
+
+// Terminal reports whether no further transition can happen without an
+// operator (a retry from the dead-letter queue, say).
+func (s StepState) Terminal() bool {
+	return s != StepPending && s != StepDispatched
+}
+
+// Job is the record under job.<id>.
+type Job struct {
+	ID      string   `json:"id"`
+	Name    string   `json:"name"`
+	Spec    spec.Job `json:"spec"`
+	Desired JobState `json:"desired"`
+	State   JobState `json:"state"`
+	// Error says why a job failed: the first failed step and its error.
+	Error      string    `json:"error,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// Attempt is one execution of a step: the retry chain.
+type Attempt struct {
+	Epoch      uint64    `json:"epoch"`
+	Agent      string    `json:"agent"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	Status     string    `json:"status"`
+	Error      string    `json:"error,omitempty"`
+	Class      string    `json:"class,omitempty"`
+}
+
+// Step is the record under step.<job>.<step>. It copies what dispatch needs
+// from the spec so that dispatching never reads the job record.
+type Step struct {
+	JobID      string            `json:"job_id"`
+	ID         string            `json:"id"`
+	Action     string            `json:"action"`
+	Params     json.RawMessage   `json:"params,omitempty"`
+	Pool       string            `json:"pool"`
+	Agent      string            `json:"agent,omitempty"`
+	Requires   []string          `json:"requires,omitempty"`
+	DependsOn  []string          `json:"depends_on,omitempty"`
+	Timeout    protocol.Duration `json:"timeout"`
+	MaxRetries int               `json:"max_retries"`
+
+	Desired StepState `json:"desired"`
+	State   StepState `json:"state"`
+	// Epoch increases with every dispatch; only a result carrying the
+	// current epoch may change the step.
+	Epoch   uint64 `json:"epoch"`
+	Attempt int    `json:"attempt"`
+	// Actor is the agent holding the step; LockedUntil is its lease.
+	Actor       string          `json:"actor,omitempty"`
+	LockedUntil time.Time       `json:"locked_until,omitzero"`
+	ErrorCount  int             `json:"error_count"`
+	LastError   string          `json:"last_error,omitempty"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Attempts    []Attempt       `json:"attempts,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	FinishedAt  time.Time       `json:"finished_at,omitzero"`
+}
+
+// Inconsistent reports whether the step has not reached its desired state.
+func (s *Step) Inconsistent() bool { return s.State != s.Desired }
+
+// NewJob builds the record of a freshly accepted job.
+func NewJob(id string, sp spec.Job, now time.Time) *Job {
+	return &Job{ID: id, Name: sp.Name, Spec: sp, Desired: JobSucceeded, State: JobPending, CreatedAt: now, UpdatedAt: now}
+}
+
+// StepDefaults fill what a spec step leaves out.
+type StepDefaults struct {
+	Timeout    time.Duration
+	MaxRetries int
+}
+
+// NewSteps builds the step records of a job from its spec.
+func NewSteps(jobID string, sp spec.Job, d StepDefaults, now time.Time) ([]*Step, error) {
+	out := make([]*Step, 0, len(sp.Steps))
+	for _, s := range sp.Steps {
+		var params json.RawMessage
+		if s.Params != nil {
+			b, err := json.Marshal(s.Params)
+			if err != nil {
+				return nil, &spec.ValidationError{Reason: spec.ReasonInvalidValue, Field: "steps." + s.ID + ".params", Msg: err.Error()}
+			}
+			params = b
+		}
+		st := &Step{
+			JobID: jobID, ID: s.ID, Action: s.Action, Params: params,
+			Pool: s.PoolOrDefault(), Agent: s.Agent, Requires: s.Requires, DependsOn: s.DependsOn,
+			Timeout: s.Timeout, MaxRetries: d.MaxRetries,
+			Desired: StepSucceeded, State: StepPending, CreatedAt: now, UpdatedAt: now,
+		}
+		if st.Timeout == 0 {
+			st.Timeout = protocol.Duration(d.Timeout)
+		}
+		if s.MaxRetries != nil {
+			st.MaxRetries = *s.MaxRetries
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}

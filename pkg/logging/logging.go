@@ -1,0 +1,44 @@
+// Package logging builds Warden's zerolog loggers: JSON lines, or the console
+// format when stderr is a terminal. Keys are snake_case; every logger carries
+// a component field.
+package logging
+
+import (
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+)
+
+// Field names shared by every component, so a job's life can be grepped.
+const (
+	FieldJob   = "job_id"
+	FieldStep  = "step_id"
+	FieldAgent = "agent_id"
+	FieldEpoch = "epoch"
+)
+
+// New returns a logger for component writing to stderr at level
+// (debug, info, warn, error; default info). WARDEN_LOG_FORMAT=json|console
+// overrides the terminal detection.
+func New(component, level string) zerolog.Logger {
+	return NewTo(os.Stderr, component, level)
+}
+
+// NewTo is New with an explicit writer.
+func NewTo(w io.Writer, component, level string) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	out := w
+	format := os.Getenv("WARDEN_LOG_FORMAT")
+	if f, ok := w.(*os.File); (ok && format == "" && isatty.IsTerminal(f.Fd())) || format == "console" {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return zerolog.New(out).Level(lvl).With().Timestamp().Str("component", component).Logger()
+}

@@ -1,0 +1,74 @@
+// Package natsconn connects Warden processes to NATS the way the `nats` CLI
+// does: server URL from --server or NATS_URL, credentials from --creds or
+// NATS_CREDS. Connections reconnect forever; the processes treat a lost
+// connection as a transient error.
+package natsconn
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// DefaultURL is used when neither a flag nor NATS_URL names a server.
+const DefaultURL = "nats://127.0.0.1:4222"
+
+// Options say where and how to connect.
+type Options struct {
+	// URL of the server(s), comma separated. Defaults to NATS_URL, then DefaultURL.
+	URL string `yaml:"server"`
+	// Creds is a credentials file. Defaults to NATS_CREDS.
+	Creds string `yaml:"creds"`
+	// Name is the connection name shown by the server.
+	Name string `yaml:"-"`
+}
+
+// WithEnv fills empty fields from NATS_URL and NATS_CREDS, then defaults.
+func (o Options) WithEnv() Options {
+	if o.URL == "" {
+		o.URL = os.Getenv("NATS_URL")
+	}
+	if o.URL == "" {
+		o.URL = DefaultURL
+	}
+	if o.Creds == "" {
+		o.Creds = os.Getenv("NATS_CREDS")
+	}
+	return o
+}
+
+// Connect opens a connection and a JetStream context.
+func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	o = o.WithEnv()
+	opts := []nats.Option{
+		nats.Name(o.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn().Err(err).Msg("nats disconnected")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("server", nc.ConnectedUrl()).Msg("nats reconnected")
+		}),
+	}
+	if o.Creds != "" {
+		opts = append(opts, nats.UserCredentials(o.Creds))
+	}
+	nc, err := nats.Connect(o.URL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to nats at %s: %w", o.URL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}

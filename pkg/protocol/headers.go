@@ -1,0 +1,30 @@
+package protocol
+
+// Headers on tasks, results and submissions. Values are plain strings; epochs
+// and attempts are decimal, times are RFC 3339 with nanoseconds in UTC.
+const (
+	HeaderMsgID = "Nats-Msg-Id"
+
+	// HeaderJob and HeaderStep name the step a task or result is about.
+	HeaderJob  = "Warden-Job"
+	HeaderStep = "Warden-Step"
+	// HeaderEpoch is the dispatch epoch; results must echo it.
+	HeaderEpoch = "Warden-Epoch"
+	// HeaderAttempt counts executions of the step, starting at 1.
+	HeaderAttempt = "Warden-Attempt"
+	// HeaderDeadline is when the step's lease ends: the agent must have
+	// reported by then and must stop working after it.
+	HeaderDeadline = "Warden-Deadline"
+	// HeaderAction is the action a task asks for.
+	HeaderAction = "Warden-Action"
+	// HeaderAgent names the agent that produced a result.
+	HeaderAgent = "Warden-Agent"
+	// HeaderTransferredFrom names the agent a task was moved away from.
+	HeaderTransferredFrom = "Warden-Transferred-From"
+
+	// HeaderJobID lets a submitter choose the job id (a valid token).
+	HeaderJobID = "Warden-Job-Id"
+	// HeaderReplyTo asks the scheduler to publish the submission's outcome
+	// (a SubmitReply) to this subject, typically an _INBOX.
+	HeaderReplyTo = "Warden-Reply-To"
+)

@@ -1,0 +1,97 @@
+package protocol
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Task is the body of a message on a task subject. Headers repeat the routing
+// fields so a consumer can decide without decoding the body.
+type Task struct {
+	JobID    string          `json:"job_id"`
+	StepID   string          `json:"step_id"`
+	Epoch    uint64          `json:"epoch"`
+	Attempt  int             `json:"attempt"`
+	Action   string          `json:"action"`
+	Params   json.RawMessage `json:"params,omitempty"`
+	Timeout  Duration        `json:"timeout"`
+	Deadline time.Time       `json:"deadline"`
+}
+
+// Result statuses.
+const (
+	ResultSucceeded = "succeeded"
+	ResultFailed    = "failed"
+)
+
+// Error classes an agent may put in a failed result. An empty class lets the
+// scheduler classify the error message.
+const (
+	ClassRetriable = "retriable"
+	ClassPermanent = "permanent"
+)
+
+// Result is the body of a message on a result subject.
+type Result struct {
+	JobID      string          `json:"job_id"`
+	StepID     string          `json:"step_id"`
+	Epoch      uint64          `json:"epoch"`
+	Agent      string          `json:"agent"`
+	Status     string          `json:"status"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Error      string          `json:"error,omitempty"`
+	ErrorClass string          `json:"error_class,omitempty"`
+	RetryAfter Duration        `json:"retry_after,omitempty"`
+	StartedAt  time.Time       `json:"started_at"`
+	FinishedAt time.Time       `json:"finished_at"`
+}
+
+// Presence is an agent's heartbeat, stored under <pool>.<agent> in the
+// presence bucket. The bucket's TTL removes it when heartbeats stop.
+type Presence struct {
+	ID            string            `json:"id"`
+	Pool          string            `json:"pool"`
+	Capabilities  []string          `json:"capabilities,omitempty"`
+	Actions       []string          `json:"actions,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	MaxConcurrent int               `json:"max_concurrent"`
+	InFlight      int               `json:"in_flight"`
+	Succeeded     uint64            `json:"succeeded"`
+	Failed        uint64            `json:"failed"`
+	Version       string            `json:"version"`
+	Host          string            `json:"host"`
+	PID           int               `json:"pid"`
+	Draining      bool              `json:"draining,omitempty"`
+	TaskStream    string            `json:"task_stream"`
+	TaskSubject   string            `json:"task_subject"`
+	StartedAt     time.Time         `json:"started_at"`
+	HeartbeatAt   time.Time         `json:"heartbeat_at"`
+}
+
+// SubmitReply is published to a submission's Warden-Reply-To subject.
+type SubmitReply struct {
+	JobID string `json:"job_id,omitempty"`
+	// Existing is true when the job already existed (same idempotency key).
+	Existing bool   `json:"existing,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Event is the body of a message on an event subject.
+type Event struct {
+	Kind   string            `json:"kind"`
+	ID     string            `json:"id"`
+	Time   time.Time         `json:"time"`
+	JobID  string            `json:"job_id,omitempty"`
+	StepID string            `json:"step_id,omitempty"`
+	Agent  string            `json:"agent,omitempty"`
+	Reason string            `json:"reason,omitempty"`
+	Data   map[string]string `json:"data,omitempty"`
+}
+
+// Event kinds.
+const (
+	EventSubmissionRejected = "submission_rejected"
+	EventJobAccepted        = "job_accepted"
+	EventJobFinished        = "job_finished"
+	EventStaleResult        = "stale_result"
+)

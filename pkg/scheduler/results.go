@@ -1,0 +1,98 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
+)
+
+// handleResult applies an agent's result to its step, then advances the job.
+// A result whose epoch is not the step's is dropped and counted: it comes
+// from an agent that lost the step (fencing).
+func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
+	var r protocol.Result
+	err := json.Unmarshal(msg.Data(), &r)
+	if err == nil && (!protocol.ValidToken(r.JobID) || !protocol.ValidToken(r.StepID)) {
+		err = errors.New("job_id and step_id must be valid ids")
+	}
+	if err != nil {
+		s.log.Warn().Err(err).Str("subject", msg.Subject()).Msg("dropping undecodable result")
+		_ = s.events.Publish(ctx, protocol.Event{Kind: "result_rejected", ID: "_", Reason: err.Error(),
+			Data: map[string]string{"subject": msg.Subject()}})
+		_ = msg.TermWithReason("undecodable result")
+		return
+	}
+	log := s.log.With().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).
+		Uint64(logging.FieldEpoch, r.Epoch).Str(logging.FieldAgent, r.Agent).Logger()
+
+	for range maxConflicts {
+		st, rev, err := s.store.Step(ctx, r.JobID, r.StepID)
+		if errors.Is(err, jobstore.ErrNotFound) {
+			log.Warn().Msg("dropping result for an unknown step")
+			_ = msg.TermWithReason("unknown step")
+			return
+		}
+		if err != nil {
+			s.settle(msg, err, log)
+			return
+		}
+		if alreadyApplied(st, r) {
+			// A redelivery after the record was written: finish the job's
+			// advance, which may not have happened.
+			s.settle(msg, s.advance(ctx, r.JobID), log)
+			return
+		}
+		outcome, err := st.ApplyResult(r, retry.Retriable(r.ErrorClass, r.Error, s.cfg.RetryUnclassified), s.now().UTC())
+		if errors.Is(err, jobstore.ErrStale) {
+			s.metrics.StaleResult()
+			log.Warn().Err(err).Msg("stale result dropped")
+			_ = s.events.Publish(ctx, protocol.Event{Kind: protocol.EventStaleResult, ID: r.JobID, JobID: r.JobID,
+				StepID: r.StepID, Agent: r.Agent, Reason: err.Error(),
+				Data: map[string]string{"result_epoch": strconv.FormatUint(r.Epoch, 10), "step_epoch": strconv.FormatUint(st.Epoch, 10)}})
+			_ = msg.Ack()
+			return
+		}
+		if err != nil {
+			s.settle(msg, err, log)
+			return
+		}
+		if _, err := s.store.UpdateStep(ctx, st, rev); err != nil {
+			if errors.Is(err, jobstore.ErrConflict) {
+				continue
+			}
+			s.settle(msg, err, log)
+			return
+		}
+		s.metrics.ResultApplied(r.Status)
+		switch outcome {
+		case jobstore.OutcomeSucceeded:
+			log.Info().Msg("step succeeded")
+		case jobstore.OutcomeRetry:
+			log.Warn().Str("error", r.Error).Int("attempt", st.Attempt).Int("max_retries", st.MaxRetries).Msg("step failed; retrying")
+		case jobstore.OutcomeFailed:
+			log.Warn().Str("error", r.Error).Int("attempt", st.Attempt).Msg("step failed")
+		}
+		s.settle(msg, s.advance(ctx, r.JobID), log)
+		return
+	}
+	s.settle(msg, jobstore.ErrConflict, log)
+}
+
+// alreadyApplied reports whether this exact result was written to the step
+// before (the message was redelivered after the write).
+func alreadyApplied(st *jobstore.Step, r protocol.Result) bool {
+	for _, a := range st.Attempts {
+		if a.Epoch == r.Epoch && a.Status == r.Status && a.FinishedAt.Equal(r.FinishedAt) && st.State != jobstore.StepDispatched {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,45 @@
+package spec
+
+import (
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// DefaultPool is the pool of a step that names none.
+const DefaultPool = "default"
+
+// Job is what a user submits.
+type Job struct {
+	// Name is a human label; it need not be unique.
+	Name string `json:"name" yaml:"name"`
+	// IdempotencyKey makes resubmissions return the same job.
+	IdempotencyKey string `json:"idempotency_key,omitempty" yaml:"idempotency_key,omitempty"`
+	// Steps run in dependency order; independent steps run in parallel.
+	Steps []Step `json:"steps" yaml:"steps"`
+}
+
+// Step is one unit of work run by one agent.
+type Step struct {
+	ID     string         `json:"id" yaml:"id"`
+	Action string         `json:"action" yaml:"action"`
+	Params map[string]any `json:"params,omitempty" yaml:"params,omitempty"`
+	// Pool the agent is chosen from. Defaults to DefaultPool.
+	Pool string `json:"pool,omitempty" yaml:"pool,omitempty"`
+	// Agent pins the step to one agent of the pool.
+	Agent string `json:"agent,omitempty" yaml:"agent,omitempty"`
+	// Requires lists capabilities the agent must have.
+	Requires  []string `json:"requires,omitempty" yaml:"requires,omitempty"`
+	DependsOn []string `json:"depends_on,omitempty" yaml:"depends_on,omitempty"`
+	// Timeout bounds one execution; zero means the scheduler's default.
+	Timeout protocol.Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+	// MaxRetries bounds re-executions after a retriable failure; nil means
+	// the scheduler's default.
+	MaxRetries *int `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`
+}
+
+// PoolOrDefault returns the step's pool.
+func (s Step) PoolOrDefault() string {
+	if s.Pool == "" {
+		return DefaultPool
+	}
+	return s.Pool
+}

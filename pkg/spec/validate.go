@@ -1,0 +1,128 @@
+package spec
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Validate checks the spec against the limits. The first problem found is
+// returned as a *ValidationError.
+func (j *Job) Validate(l Limits) error {
+	l = l.withDefaults()
+	if strings.TrimSpace(j.Name) == "" {
+		return invalid(ReasonMissingField, "name", "a job needs a name")
+	}
+	if len(j.IdempotencyKey) > 256 {
+		return invalid(ReasonInvalidValue, "idempotency_key", "longer than 256 bytes")
+	}
+	if len(j.Steps) == 0 {
+		return invalid(ReasonEmpty, "steps", "a job needs at least one step")
+	}
+	if len(j.Steps) > l.MaxSteps {
+		return invalid(ReasonTooLarge, "steps", "%d steps, the limit is %d", len(j.Steps), l.MaxSteps)
+	}
+	index := make(map[string]int, len(j.Steps))
+	for i, s := range j.Steps {
+		f := fmt.Sprintf("steps[%d]", i)
+		if s.ID == "" {
+			return invalid(ReasonMissingField, f+".id", "a step needs an id")
+		}
+		if !protocol.ValidToken(s.ID) {
+			return invalid(ReasonInvalidID, f+".id", "%q may contain only letters, digits, '_' and '-'", s.ID)
+		}
+		if prev, dup := index[s.ID]; dup {
+			return invalid(ReasonDuplicateStep, f+".id", "step id %q is also used by steps[%d]", s.ID, prev)
+		}
+		index[s.ID] = i
+		if s.Action == "" {
+			return invalid(ReasonMissingField, f+".action", "step %q needs an action", s.ID)
+		}
+		if !protocol.ValidToken(s.Action) {
+			return invalid(ReasonInvalidID, f+".action", "action %q may contain only letters, digits, '_' and '-'", s.Action)
+		}
+		if s.Pool != "" && !protocol.ValidToken(s.Pool) {
+			return invalid(ReasonInvalidID, f+".pool", "pool %q may contain only letters, digits, '_' and '-'", s.Pool)
+		}
+		if s.Agent != "" && !protocol.ValidToken(s.Agent) {
+			return invalid(ReasonInvalidID, f+".agent", "agent %q may contain only letters, digits, '_' and '-'", s.Agent)
+		}
+		if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
+			return invalid(ReasonInvalidValue, f+".max_retries", "must be between 0 and 100, got %d", *s.MaxRetries)
+		}
+	}
+	for i, s := range j.Steps {
+		seen := map[string]bool{}
+		for _, d := range s.DependsOn {
+			f := fmt.Sprintf("steps[%d].depends_on", i)
+			if d == s.ID {
+				return invalid(ReasonCycle, f, "step %q depends on itself", s.ID)
+			}
+			if _, ok := index[d]; !ok {
+				return invalid(ReasonMissingDependency, f, "step %q depends on %q, which is not a step of this job", s.ID, d)
+			}
+			if seen[d] {
+				return invalid(ReasonInvalidValue, f, "step %q lists %q twice", s.ID, d)
+			}
+			seen[d] = true
+		}
+	}
+	if cycle := j.findCycle(index); cycle != nil {
+		return invalid(ReasonCycle, "depends_on", "steps form a cycle: %s", strings.Join(cycle, " -> "))
+	}
+	return nil
+}
+
+// findCycle returns one dependency cycle as a path of step ids, or nil.
+func (j *Job) findCycle(index map[string]int) []string {
+	const (
+		unvisited = iota
+		visiting
+		done
+	)
+	state := make([]int, len(j.Steps))
+	var stack []string
+	var visit func(i int) []string
+	visit = func(i int) []string {
+		state[i] = visiting
+		stack = append(stack, j.Steps[i].ID)
+		for _, d := range j.Steps[i].DependsOn {
+			k := index[d]
+			switch state[k] {
+			case visiting:
+				// The cycle is the stack from d's position to the top, then d.
+				for p, id := range stack {
+					if id == d {
+						return append(append([]string{}, stack[p:]...), d)
+					}
+				}
+			case unvisited:
+				if c := visit(k); c != nil {
+					return c
+				}
+			}
+		}
+		stack = stack[:len(stack)-1]
+		state[i] = done
+		return nil
+	}
+	for i := range j.Steps {
+		if state[i] == unvisited {
+			if c := visit(i); c != nil {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// Step returns the step with id, or false.
+func (j *Job) Step(id string) (Step, bool) {
+	for _, s := range j.Steps {
+		if s.ID == id {
+			return s, true
+		}
+	}
+	return Step{}, false
+}

@@ -1,0 +1,65 @@
+package supervisor
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/wardenhq/warden/pkg/natsconn"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// Config is the supervisor's configuration (configs/supervisor.yaml).
+type Config struct {
+	NATS natsconn.Options `yaml:"nats"`
+	// ID names this supervisor in the lease. Defaults to <host>-<random>.
+	ID string `yaml:"id"`
+	// Replicas of every stream and bucket. Defaults to 1.
+	Replicas int `yaml:"replicas"`
+	// TaskShards is the number of task streams. Defaults to 4.
+	TaskShards int `yaml:"task_shards"`
+	// LeaseTTL is how long a dead leader keeps leadership. Defaults to 5s.
+	LeaseTTL protocol.Duration `yaml:"lease_ttl"`
+	// MetricsAddr serves /metrics; empty disables. Defaults to "".
+	MetricsAddr string `yaml:"metrics_addr"`
+	// LogLevel is debug, info, warn or error. Defaults to info.
+	LogLevel string `yaml:"log_level"`
+}
+
+// DefaultConfig returns the configuration with every default filled in.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults fills every zero field with its default.
+func (c Config) WithDefaults() Config {
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = host + "-" + nuid.Next()[:8]
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.TaskShards == 0 {
+		c.TaskShards = streams.DefaultTaskShards
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = protocol.Duration(5 * time.Second)
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	return c
+}
+
+// Validate reports the first field that breaks a rule.
+func (c Config) Validate() error {
+	if c.LeaseTTL.Std() < time.Second {
+		return fmt.Errorf("lease_ttl must be at least 1s, got %s", c.LeaseTTL)
+	}
+	if c.TaskShards < 1 {
+		return fmt.Errorf("task_shards must be at least 1, got %d", c.TaskShards)
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/lease"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// LeaseKey is the supervisors' key in the leases bucket.
+const LeaseKey = "supervisor"
+
+// Supervisor is one supervisor process.
+type Supervisor struct {
+	cfg Config
+	js  jetstream.JetStream
+	log zerolog.Logger
+	// lead is what the leader does while it leads.
+	lead func(ctx context.Context, epoch uint64)
+}
+
+// New validates cfg and returns a supervisor on nc.
+func New(cfg Config, nc *nats.Conn, log zerolog.Logger) (*Supervisor, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("supervisor config: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Supervisor{cfg: cfg, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger()}
+	s.lead = s.leadLoop
+	return s, nil
+}
+
+// Run ensures the streams, then campaigns for leadership until ctx ends.
+func (s *Supervisor) Run(ctx context.Context) error {
+	if err := streams.Ensure(ctx, s.js, streams.Options{Replicas: s.cfg.Replicas, TaskShards: s.cfg.TaskShards, LeaseTTL: s.cfg.LeaseTTL.Std()}); err != nil {
+		return err
+	}
+	kv, err := s.js.KeyValue(ctx, protocol.BucketLeases)
+	if err != nil {
+		return fmt.Errorf("open leases bucket: %w", err)
+	}
+	el, err := lease.New(kv, lease.Config{Key: LeaseKey, ID: s.cfg.ID, TTL: s.cfg.LeaseTTL.Std()}, s.log)
+	if err != nil {
+		return err
+	}
+	s.log.Info().Dur("lease_ttl", s.cfg.LeaseTTL.Std()).Msg("supervisor campaigning")
+	return el.Run(ctx, s.lead)
+}
+
+// leadLoop is the leader's work. Recovery (lease expiry, agent failover,
+// dead letters) is not implemented yet: the leader holds its lease and says
+// so.
+func (s *Supervisor) leadLoop(ctx context.Context, epoch uint64) {
+	s.log.Info().Uint64("epoch", epoch).Msg("leading; lease recovery and failover are not implemented in this version")
+	<-ctx.Done()
+}

@@ -1,0 +1,198 @@
+package streams
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+//go:embed *.json
+var files embed.FS
+
+// Options are the deployment settings that override the embedded definitions.
+type Options struct {
+	// Replicas for every stream and bucket. Defaults to 1.
+	Replicas int
+	// TaskShards is the number of task streams. Defaults to 4.
+	TaskShards int
+	// PresenceTTL is the presence bucket's TTL. Defaults to the file's (3s).
+	PresenceTTL time.Duration
+	// LeaseTTL is the leases bucket's TTL. Defaults to the file's (5s).
+	LeaseTTL time.Duration
+}
+
+// DefaultTaskShards is the task shard count when none is configured.
+const DefaultTaskShards = 4
+
+func (o Options) withDefaults() Options {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.TaskShards <= 0 {
+		o.TaskShards = DefaultTaskShards
+	}
+	return o
+}
+
+// IncompatibleError says an existing stream or bucket differs from its
+// definition in a way the server will not update.
+type IncompatibleError struct {
+	Name string
+	Err  error
+}
+
+func (e *IncompatibleError) Error() string {
+	return fmt.Sprintf("stream %s exists with a configuration incompatible with streams/*.json "+
+		"(inspect it with `nats stream info %s`; back it up and delete it, or fix the deployment settings): %v",
+		e.Name, e.Name, e.Err)
+}
+
+func (e *IncompatibleError) Unwrap() error { return e.Err }
+
+func decode(name string, v any) error {
+	b, err := files.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("read embedded %s: %w", name, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode embedded %s: %w", name, err)
+	}
+	return nil
+}
+
+// StreamConfigs returns every stream definition with the options applied:
+// submit, results, events, dead letters and one stream per task shard.
+func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
+	opts = opts.withDefaults()
+	var out []jetstream.StreamConfig
+	for _, f := range []string{"submit.json", "results.json", "events.json", "dlq.json"} {
+		var c jetstream.StreamConfig
+		if err := decode(f, &c); err != nil {
+			return nil, err
+		}
+		c.Replicas = opts.Replicas
+		out = append(out, c)
+	}
+	var task jetstream.StreamConfig
+	if err := decode("tasks.json", &task); err != nil {
+		return nil, err
+	}
+	for i := 0; i < opts.TaskShards; i++ {
+		c := task
+		c.Name = protocol.TaskStream(i)
+		c.Subjects = []string{protocol.TaskStreamSubjects(i)}
+		c.Description = fmt.Sprintf("Task shard %d of %d: warden.task.%d.<pool>.<agent>.", i, opts.TaskShards, i)
+		c.Replicas = opts.Replicas
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// KeyValueConfigs returns the job store, presence and leases buckets.
+func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
+	opts = opts.withDefaults()
+	var out []jetstream.KeyValueConfig
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json"} {
+		var c jetstream.KeyValueConfig
+		if err := decode(f, &c); err != nil {
+			return nil, err
+		}
+		c.Replicas = opts.Replicas
+		switch c.Bucket {
+		case protocol.BucketPresence:
+			if opts.PresenceTTL > 0 {
+				c.TTL = opts.PresenceTTL
+			}
+		case protocol.BucketLeases:
+			if opts.LeaseTTL > 0 {
+				c.TTL = opts.LeaseTTL
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// TaskConsumer returns an agent's task consumer on its shard stream.
+func TaskConsumer(shard int, pool, agent string, lease time.Duration, maxDeliver, maxAckPending int) (jetstream.ConsumerConfig, error) {
+	var c jetstream.ConsumerConfig
+	if err := decode("consumer_task.json", &c); err != nil {
+		return c, err
+	}
+	c.Durable = agent
+	c.Description = fmt.Sprintf("Tasks of agent %s in pool %s", agent, pool)
+	c.FilterSubject = protocol.TaskSubject(shard, pool, agent)
+	if lease > 0 {
+		c.AckWait = lease
+	}
+	if maxDeliver != 0 {
+		c.MaxDeliver = maxDeliver
+	}
+	if maxAckPending > 0 {
+		c.MaxAckPending = maxAckPending
+	}
+	return c, nil
+}
+
+// SchedulerConsumer returns the consumer the schedulers share on a stream.
+func SchedulerConsumer() (jetstream.ConsumerConfig, error) {
+	var c jetstream.ConsumerConfig
+	err := decode("consumer_scheduler.json", &c)
+	return c, err
+}
+
+// Ensure creates every stream and bucket, or updates it to its definition.
+// It is safe to call from every process at every start.
+func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
+	streams, err := StreamConfigs(opts)
+	if err != nil {
+		return err
+	}
+	for _, c := range streams {
+		if err := ensureStream(ctx, js, c); err != nil {
+			return err
+		}
+	}
+	kvs, err := KeyValueConfigs(opts)
+	if err != nil {
+		return err
+	}
+	for _, c := range kvs {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
+			if isAPIError(err) {
+				return &IncompatibleError{Name: "KV_" + c.Bucket, Err: err}
+			}
+			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		}
+	}
+	return nil
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
+	_, err := js.CreateStream(ctx, c)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("create stream %s: %w", c.Name, err)
+	}
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		if isAPIError(err) {
+			return &IncompatibleError{Name: c.Name, Err: err}
+		}
+		return fmt.Errorf("update stream %s: %w", c.Name, err)
+	}
+	return nil
+}
+
+func isAPIError(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr)
+}
