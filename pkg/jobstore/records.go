@@ -91,15 +91,17 @@ type Step struct {
 	Epoch   uint64 `json:"epoch"`
 	Attempt int    `json:"attempt"`
 	// Actor is the agent holding the step; LockedUntil is its lease.
-	Actor       string          `json:"actor,omitempty"`
-	LockedUntil time.Time       `json:"locked_until,omitzero"`
-	ErrorCount  int             `json:"error_count"`
-	LastError   string          `json:"last_error,omitempty"`
-	Output      json.RawMessage `json:"output,omitempty"`
-	Attempts    []Attempt       `json:"attempts,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	FinishedAt  time.Time       `json:"finished_at,omitzero"`
+	Actor       string    `json:"actor,omitempty"`
+	LockedUntil time.Time `json:"locked_until,omitzero"`
+	// Waiting says why a ready step has not been dispatched yet.
+	Waiting    string          `json:"waiting,omitempty"`
+	ErrorCount int             `json:"error_count"`
+	LastError  string          `json:"last_error,omitempty"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	Attempts   []Attempt       `json:"attempts,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	FinishedAt time.Time       `json:"finished_at,omitzero"`
 }
 
 // Inconsistent reports whether the step has not reached its desired state.

@@ -24,6 +24,7 @@ func (s *Step) Dispatch(agent string, now time.Time, grace time.Duration) error 
 	s.Attempt++
 	s.State = StepDispatched
 	s.Actor = agent
+	s.Waiting = ""
 	s.LockedUntil = now.Add(s.Timeout.Std() + grace)
 	s.UpdatedAt = now
 	s.Attempts = append(s.Attempts, Attempt{Epoch: s.Epoch, Agent: agent, StartedAt: now, Status: string(StepDispatched)})

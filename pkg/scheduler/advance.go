@@ -103,6 +103,13 @@ func (s *Scheduler) dispatch(ctx context.Context, st *jobstore.Step, rev uint64)
 		return uerr
 	}
 	if err != nil {
+		// Say why on the step, once, so `warden job show` explains the wait.
+		if why := err.Error(); st.Waiting != why {
+			st.Waiting, st.UpdatedAt = why, s.now().UTC()
+			if _, uerr := s.store.UpdateStep(ctx, st, rev); uerr != nil {
+				return uerr
+			}
+		}
 		return fmt.Errorf("step %s.%s: %w: %w", st.JobID, st.ID, errWaiting, err)
 	}
 	now := s.now().UTC()
