@@ -33,7 +33,7 @@ func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
 	log := s.log.With().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).
 		Uint64(logging.FieldEpoch, r.Epoch).Str(logging.FieldAgent, r.Agent).Logger()
 
-	for range maxConflicts {
+	for range 8 {
 		st, rev, err := s.store.Step(ctx, r.JobID, r.StepID)
 		if errors.Is(err, jobstore.ErrNotFound) {
 			log.Warn().Msg("dropping result for an unknown step")
@@ -47,7 +47,7 @@ func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
 		if alreadyApplied(st, r) {
 			// A redelivery after the record was written: finish the job's
 			// advance, which may not have happened.
-			s.settle(msg, s.advance(ctx, r.JobID), log)
+			s.settle(msg, s.dispatch.Advance(ctx, r.JobID), log)
 			return
 		}
 		outcome, err := st.ApplyResult(r, retry.Retriable(r.ErrorClass, r.Error, s.cfg.RetryUnclassified), s.now().UTC())
@@ -80,7 +80,7 @@ func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
 		case jobstore.OutcomeFailed:
 			log.Warn().Str("error", r.Error).Int("attempt", st.Attempt).Msg("step failed")
 		}
-		s.settle(msg, s.advance(ctx, r.JobID), log)
+		s.settle(msg, s.dispatch.Advance(ctx, r.JobID), log)
 		return
 	}
 	s.settle(msg, jobstore.ErrConflict, log)

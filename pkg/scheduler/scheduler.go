@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/pkg/dispatch"
 	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/presence"
@@ -32,6 +33,7 @@ type Scheduler struct {
 	view     *presence.View
 	selector *selection.Selector
 	events   *events.Publisher
+	dispatch *dispatch.Dispatcher
 }
 
 // Option customises a Scheduler.
@@ -87,6 +89,11 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		s.selector.Observe(c.Presence)
 	})
 	s.view = view
+	s.dispatch = dispatch.New(dispatch.Config{
+		TaskShards:    s.cfg.TaskShards,
+		DispatchGrace: s.cfg.DispatchGrace.Std(),
+		StepDefaults:  jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), MaxRetries: s.cfg.DefaultMaxRetries},
+	}, s.js, store, view, s.selector, s.log, s.metrics, s.now)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -205,10 +212,6 @@ func (s *Scheduler) feed(ctx context.Context, cons jetstream.Consumer, workers [
 	}
 }
 
-// errWaiting says a ready step has no agent yet: the message is redelivered
-// after WaitRetry.
-var errWaiting = errors.New("waiting for an agent")
-
 // settle acknowledges a handled message or hands it back.
 func (s *Scheduler) settle(msg jetstream.Msg, err error, log zerolog.Logger) {
 	switch {
@@ -216,7 +219,7 @@ func (s *Scheduler) settle(msg jetstream.Msg, err error, log zerolog.Logger) {
 		if aerr := msg.Ack(); aerr != nil {
 			log.Warn().Err(aerr).Msg("ack failed; the message will be redelivered and handled again")
 		}
-	case errors.Is(err, errWaiting):
+	case errors.Is(err, dispatch.ErrWaiting):
 		log.Debug().Err(err).Msg("step waiting for an agent")
 		_ = msg.NakWithDelay(s.cfg.WaitRetry.Std())
 	default:

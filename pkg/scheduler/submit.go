@@ -53,12 +53,12 @@ func (s *Scheduler) handleSubmission(ctx context.Context, msg jetstream.Msg) {
 		s.metrics.JobAccepted()
 		log.Info().Str("name", job.Name).Int("steps", len(job.Spec.Steps)).Msg("job accepted")
 	}
-	if err := s.materialise(ctx, job); err != nil {
+	if err := s.dispatch.Materialise(ctx, job); err != nil {
 		s.settle(msg, err, log)
 		return
 	}
 	s.reply(ctx, msg, protocol.SubmitReply{JobID: jobID, Existing: existing}, log)
-	s.settle(msg, s.advance(ctx, jobID), log)
+	s.settle(msg, s.dispatch.Advance(ctx, jobID), log)
 }
 
 // jobIDOf derives the job id: the Warden-Job-Id header, else the
@@ -80,22 +80,6 @@ func (s *Scheduler) jobIDOf(msg jetstream.Msg) string {
 		return protocol.NewJobID()
 	}
 	return protocol.JobIDForKey(strconv.FormatUint(md.Sequence.Stream, 10) + "@" + md.Timestamp.String())
-}
-
-// materialise writes every step record that is missing.
-func (s *Scheduler) materialise(ctx context.Context, job *jobstore.Job) error {
-	steps, err := jobstore.NewSteps(job.ID, job.Spec, jobstore.StepDefaults{
-		Timeout: s.cfg.DefaultStepTimeout.Std(), MaxRetries: s.cfg.DefaultMaxRetries,
-	}, job.CreatedAt)
-	if err != nil {
-		return err
-	}
-	for _, st := range steps {
-		if _, err := s.store.CreateStep(ctx, st); err != nil && !errors.Is(err, jobstore.ErrExists) {
-			return err
-		}
-	}
-	return nil
 }
 
 // reject records a refused submission as an event, tells the submitter and

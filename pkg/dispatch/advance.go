@@ -1,4 +1,4 @@
-package scheduler
+package dispatch
 
 import (
 	"context"
@@ -20,10 +20,10 @@ import (
 // maxConflicts bounds how often advance reloads after losing a CAS race.
 const maxConflicts = 8
 
-// advance moves a job forward: it skips steps that can no longer run,
+// Advance moves a job forward: it skips steps that can no longer run,
 // dispatches ready ones and records the job state the steps imply. It
-// returns errWaiting if a ready step found no agent.
-func (s *Scheduler) advance(ctx context.Context, jobID string) error {
+// returns an error matching ErrWaiting if a ready step found no agent.
+func (s *Dispatcher) Advance(ctx context.Context, jobID string) error {
 	var err error
 	for range maxConflicts {
 		err = s.advanceOnce(ctx, jobID)
@@ -34,7 +34,7 @@ func (s *Scheduler) advance(ctx context.Context, jobID string) error {
 	return err
 }
 
-func (s *Scheduler) advanceOnce(ctx context.Context, jobID string) error {
+func (s *Dispatcher) advanceOnce(ctx context.Context, jobID string) error {
 	job, jrev, err := s.store.Job(ctx, jobID)
 	if err != nil {
 		return err
@@ -48,7 +48,7 @@ func (s *Scheduler) advanceOnce(ctx context.Context, jobID string) error {
 	}
 	if len(vsteps) != len(job.Spec.Steps) {
 		// A scheduler died while materialising; finish its work.
-		if err := s.materialise(ctx, job); err != nil {
+		if err := s.Materialise(ctx, job); err != nil {
 			return err
 		}
 		return fmt.Errorf("job %s was partly materialised: %w", jobID, jobstore.ErrConflict)
@@ -72,7 +72,7 @@ func (s *Scheduler) advanceOnce(ctx context.Context, jobID string) error {
 	var waiting error
 	for _, st := range plan.Ready {
 		if err := s.dispatch(ctx, st, revs[st.ID]); err != nil {
-			if errors.Is(err, errWaiting) {
+			if errors.Is(err, ErrWaiting) {
 				waiting = err
 				continue
 			}
@@ -91,7 +91,7 @@ func (s *Scheduler) advanceOnce(ctx context.Context, jobID string) error {
 // dispatch places a ready step on an agent: epoch, actor and lease are
 // written (CAS) before the task is published, so the store never lags a
 // task. Losing the CAS means another scheduler dispatched it.
-func (s *Scheduler) dispatch(ctx context.Context, st *jobstore.Step, rev uint64) error {
+func (s *Dispatcher) dispatch(ctx context.Context, st *jobstore.Step, rev uint64) error {
 	log := s.log.With().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Logger()
 	agent, err := s.selector.Choose(s.view.Pool(st.Pool), selection.Request{
 		Pool: st.Pool, Agent: st.Agent, Action: st.Action, Requires: st.Requires,
@@ -110,10 +110,10 @@ func (s *Scheduler) dispatch(ctx context.Context, st *jobstore.Step, rev uint64)
 				return uerr
 			}
 		}
-		return fmt.Errorf("step %s.%s: %w: %w", st.JobID, st.ID, errWaiting, err)
+		return fmt.Errorf("step %s.%s: %w: %w", st.JobID, st.ID, ErrWaiting, err)
 	}
 	now := s.now().UTC()
-	if err := st.Dispatch(agent.ID, now, s.cfg.DispatchGrace.Std()); err != nil {
+	if err := st.Dispatch(agent.ID, now, s.cfg.DispatchGrace); err != nil {
 		return err
 	}
 	newRev, err := s.store.UpdateStep(ctx, st, rev)
@@ -138,7 +138,7 @@ func (s *Scheduler) dispatch(ctx context.Context, st *jobstore.Step, rev uint64)
 	return nil
 }
 
-func (s *Scheduler) publishTask(ctx context.Context, st *jobstore.Step, agent protocol.Presence) error {
+func (s *Dispatcher) publishTask(ctx context.Context, st *jobstore.Step, agent protocol.Presence) error {
 	task := protocol.Task{
 		JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch, Attempt: st.Attempt, Action: st.Action,
 		Params: st.Params, Timeout: st.Timeout, Deadline: st.LockedUntil,
@@ -167,7 +167,7 @@ func (s *Scheduler) publishTask(ctx context.Context, st *jobstore.Step, agent pr
 }
 
 // recordJobState writes the state the steps imply, if it changed.
-func (s *Scheduler) recordJobState(ctx context.Context, job *jobstore.Job, rev uint64, plan jobstore.Plan) error {
+func (s *Dispatcher) recordJobState(ctx context.Context, job *jobstore.Job, rev uint64, plan jobstore.Plan) error {
 	if plan.State == job.State {
 		return nil
 	}
@@ -196,7 +196,7 @@ func (s *Scheduler) recordJobState(ctx context.Context, job *jobstore.Job, rev u
 	return nil
 }
 
-func (s *Scheduler) logFinished(log zerolog.Logger, job *jobstore.Job) {
+func (s *Dispatcher) logFinished(log zerolog.Logger, job *jobstore.Job) {
 	e := log.Info()
 	if job.State != jobstore.JobSucceeded {
 		e = log.Warn().Str("error", job.Error)
