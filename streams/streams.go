@@ -80,6 +80,18 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 		c.Replicas = opts.Replicas
 		out = append(out, c)
 	}
+	var adv jetstream.StreamConfig
+	if err := decode("advisories.json", &adv); err != nil {
+		return nil, err
+	}
+	adv.Replicas = opts.Replicas
+	adv.Subjects = nil
+	for i := 0; i < opts.TaskShards; i++ {
+		adv.Subjects = append(adv.Subjects,
+			"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+protocol.TaskStream(i)+".*",
+			"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED."+protocol.TaskStream(i)+".*")
+	}
+	out = append(out, adv)
 	var task jetstream.StreamConfig
 	if err := decode("tasks.json", &task); err != nil {
 		return nil, err
@@ -139,6 +151,15 @@ func TaskConsumer(shard int, pool, agent string, lease time.Duration, maxDeliver
 		c.MaxAckPending = maxAckPending
 	}
 	return c, nil
+}
+
+// SupervisorConsumer returns the consumer the supervisor leader uses on
+// WARDEN_ADVISORIES; it has the same shape as the schedulers'.
+func SupervisorConsumer() (jetstream.ConsumerConfig, error) {
+	c, err := SchedulerConsumer()
+	c.Durable = "supervisor"
+	c.Description = "The supervisor leader's consumer of task advisories."
+	return c, err
 }
 
 // SchedulerConsumer returns the consumer the schedulers share on a stream.

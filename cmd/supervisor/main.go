@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string) error {
 	if err := daemon.ServeMetrics(ctx, cfg.MetricsAddr, reg, log); err != nil {
 		return err
 	}
-	s, err := supervisor.New(cfg, nc, log)
+	s, err := supervisor.New(cfg, nc, log, supervisor.NewMetrics(reg))
 	if err != nil {
 		return err
 	}

@@ -160,6 +160,9 @@ func (s *Dispatcher) publishTask(ctx context.Context, st *jobstore.Step, agent p
 	msg.Header.Set(protocol.HeaderAttempt, strconv.Itoa(st.Attempt))
 	msg.Header.Set(protocol.HeaderAction, st.Action)
 	msg.Header.Set(protocol.HeaderDeadline, st.LockedUntil.UTC().Format(time.RFC3339Nano))
+	if st.TransferredFrom != "" {
+		msg.Header.Set(protocol.HeaderTransferredFrom, st.TransferredFrom)
+	}
 	if _, err := s.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("publish task to %s: %w", subject, err)
 	}

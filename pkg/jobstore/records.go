@@ -93,6 +93,12 @@ type Step struct {
 	// Actor is the agent holding the step; LockedUntil is its lease.
 	Actor       string    `json:"actor,omitempty"`
 	LockedUntil time.Time `json:"locked_until,omitzero"`
+	// TransferredFrom names the agent the step was last moved away from.
+	TransferredFrom string `json:"transferred_from,omitempty"`
+	// Recoveries counts how often the supervisor took the step back from an
+	// agent (lease expired, agent failed): a step that keeps killing its
+	// agents is poison and is parked past a threshold.
+	Recoveries int `json:"recoveries,omitempty"`
 	// Waiting says why a ready step has not been dispatched yet.
 	Waiting    string          `json:"waiting,omitempty"`
 	ErrorCount int             `json:"error_count"`

@@ -84,6 +84,42 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 	return OutcomeFailed, nil
 }
 
+// Release takes a dispatched step back from its agent so that it can be
+// dispatched again with a new epoch: its lease expired or its agent failed.
+// status names why in the retry chain ("lease_expired", "transferred").
+func (s *Step) Release(status, reason string, now time.Time) error {
+	if s.State != StepDispatched {
+		return fmt.Errorf("release step %s.%s: state is %s, not dispatched", s.JobID, s.ID, s.State)
+	}
+	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch {
+		s.Attempts[n-1].Status = status
+		s.Attempts[n-1].Error = reason
+		s.Attempts[n-1].FinishedAt = now
+	}
+	if status == "transferred" {
+		s.TransferredFrom = s.Actor
+	}
+	s.Recoveries++
+	s.State = StepPending
+	s.Actor = ""
+	s.LockedUntil = time.Time{}
+	s.LastError = reason
+	s.UpdatedAt = now
+	// A recovery is not the step's fault; it keeps its retry budget.
+	s.Attempt--
+	return nil
+}
+
+// DeadLetter parks a step that cannot complete: it exhausted its
+// deliveries or keeps killing its agents.
+func (s *Step) DeadLetter(reason string, now time.Time) {
+	s.State = StepDeadLettered
+	s.LastError = reason
+	s.UpdatedAt = now
+	s.FinishedAt = now
+	s.LockedUntil = time.Time{}
+}
+
 // Fail ends a step that cannot run (no agent offers its action, say).
 func (s *Step) Fail(reason string, now time.Time) {
 	s.State = StepFailed

@@ -22,6 +22,15 @@ const (
 	// HeaderTransferredFrom names the agent a task was moved away from.
 	HeaderTransferredFrom = "Warden-Transferred-From"
 
+	// Dead-letter headers, added to the original task's headers.
+	HeaderDLQReason     = "Warden-DLQ-Reason"     // max_deliveries, poison, undecodable, expired
+	HeaderDLQDetail     = "Warden-DLQ-Detail"     // human explanation
+	HeaderDLQDeliveries = "Warden-DLQ-Deliveries" // delivery count when moved
+	HeaderDLQLastError  = "Warden-DLQ-Last-Error" // the step's last error
+	HeaderDLQStream     = "Warden-DLQ-Stream"     // where the task was
+	HeaderDLQStreamSeq  = "Warden-DLQ-Stream-Seq"
+	HeaderDLQTime       = "Warden-DLQ-Time"
+
 	// HeaderJobID lets a submitter choose the job id (a valid token).
 	HeaderJobID = "Warden-Job-Id"
 	// HeaderReplyTo asks the scheduler to publish the submission's outcome

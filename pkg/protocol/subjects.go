@@ -25,6 +25,9 @@ const (
 	StreamResults = "WARDEN_RESULTS"
 	StreamEvents  = "WARDEN_EVENTS"
 	StreamDLQ     = "WARDEN_DLQ"
+	// StreamAdvisories keeps the task streams' max-deliveries and
+	// termination advisories until the supervisor leader handles them.
+	StreamAdvisories = "WARDEN_ADVISORIES"
 	// StreamTasksPrefix is followed by the shard number: WARDEN_TASKS_0 ...
 	StreamTasksPrefix = "WARDEN_TASKS_"
 

@@ -23,6 +23,22 @@ type Config struct {
 	TaskShards int `yaml:"task_shards"`
 	// LeaseTTL is how long a dead leader keeps leadership. Defaults to 5s.
 	LeaseTTL protocol.Duration `yaml:"lease_ttl"`
+	// RecoveryGrace is how long a pending step or a stalled job is left to
+	// the schedulers before the leader advances it. Defaults to 30s.
+	RecoveryGrace protocol.Duration `yaml:"recovery_grace"`
+	// RecoveryRetry is how soon a recovery that failed is tried again.
+	// Defaults to 1s.
+	RecoveryRetry protocol.Duration `yaml:"recovery_retry"`
+	// FailureThreshold is how long an agent whose presence expired may take
+	// to come back before its tasks are transferred. Defaults to 1s.
+	FailureThreshold protocol.Duration `yaml:"failure_threshold"`
+	// PoisonThreshold is how many times a step may be taken back from its
+	// agent (lease expired, agent failed) before it is parked in the
+	// dead-letter stream. Defaults to 3.
+	PoisonThreshold int `yaml:"poison_threshold"`
+	// DispatchGrace is added to a step's timeout to form its lease when the
+	// leader re-dispatches it; the schedulers' value. Defaults to 30s.
+	DispatchGrace protocol.Duration `yaml:"dispatch_grace"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to "".
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
@@ -47,6 +63,21 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = protocol.Duration(5 * time.Second)
 	}
+	if c.RecoveryGrace == 0 {
+		c.RecoveryGrace = protocol.Duration(30 * time.Second)
+	}
+	if c.RecoveryRetry == 0 {
+		c.RecoveryRetry = protocol.Duration(time.Second)
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = protocol.Duration(time.Second)
+	}
+	if c.PoisonThreshold == 0 {
+		c.PoisonThreshold = 3
+	}
+	if c.DispatchGrace == 0 {
+		c.DispatchGrace = protocol.Duration(30 * time.Second)
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
@@ -57,6 +88,9 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	if c.LeaseTTL.Std() < time.Second {
 		return fmt.Errorf("lease_ttl must be at least 1s, got %s", c.LeaseTTL)
+	}
+	if c.PoisonThreshold < 1 {
+		return fmt.Errorf("poison_threshold must be at least 1, got %d", c.PoisonThreshold)
 	}
 	if c.TaskShards < 1 {
 		return fmt.Errorf("task_shards must be at least 1, got %d", c.TaskShards)

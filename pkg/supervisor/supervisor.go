@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,15 +19,15 @@ const LeaseKey = "supervisor"
 
 // Supervisor is one supervisor process.
 type Supervisor struct {
-	cfg Config
-	js  jetstream.JetStream
-	log zerolog.Logger
-	// lead is what the leader does while it leads.
-	lead func(ctx context.Context, epoch uint64)
+	cfg     Config
+	js      jetstream.JetStream
+	log     zerolog.Logger
+	metrics *Metrics
+	now     func() time.Time
 }
 
 // New validates cfg and returns a supervisor on nc.
-func New(cfg Config, nc *nats.Conn, log zerolog.Logger) (*Supervisor, error) {
+func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("supervisor config: %w", err)
@@ -35,9 +36,10 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Supervisor{cfg: cfg, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger()}
-	s.lead = s.leadLoop
-	return s, nil
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Supervisor{cfg: cfg, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger(), metrics: m, now: time.Now}, nil
 }
 
 // Run ensures the streams, then campaigns for leadership until ctx ends.
@@ -54,13 +56,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	s.log.Info().Dur("lease_ttl", s.cfg.LeaseTTL.Std()).Msg("supervisor campaigning")
-	return el.Run(ctx, s.lead)
-}
-
-// leadLoop is the leader's work. Recovery (lease expiry, agent failover,
-// dead letters) is not implemented yet: the leader holds its lease and says
-// so.
-func (s *Supervisor) leadLoop(ctx context.Context, epoch uint64) {
-	s.log.Info().Uint64("epoch", epoch).Msg("leading; lease recovery and failover are not implemented in this version")
-	<-ctx.Done()
+	return el.Run(ctx, func(ctx context.Context, epoch uint64) {
+		// A term that fails (a watch broke, say) is retried while the
+		// lease is held; losing the lease cancels ctx.
+		for ctx.Err() == nil {
+			if err := s.leadTerm(ctx, el, epoch); err != nil {
+				s.log.Error().Err(err).Msg("leader loop failed; restarting it")
+				sleepCtx(ctx, s.cfg.RecoveryRetry.Std())
+			}
+		}
+	})
 }
