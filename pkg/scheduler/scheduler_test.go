@@ -16,6 +16,7 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/scheduler"
 	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/test/handagent"
 )
 
 const diamond = `
@@ -31,8 +32,8 @@ func TestDiamondRunsInDependencyOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	plain := startHandAgent(t, b, "default", "plain", nil)
-	docker := startHandAgent(t, b, "default", "docker", []string{"docker"})
+	plain := handagent.Start(t, b.js, "default", "plain", nil)
+	docker := handagent.Start(t, b.js, "default", "docker", []string{"docker"})
 
 	r := b.submit(t, []byte(diamond), "job-diamond", "")
 	if r.Error != "" || r.JobID != "job-diamond" || r.Existing {
@@ -59,12 +60,12 @@ func TestDiamondRunsInDependencyOrder(t *testing.T) {
 			t.Errorf("%s dispatched at %s before %s finished at %s", dep[1], started[dep[1]], dep[0], finished[dep[0]])
 		}
 	}
-	for _, task := range plain.received() {
+	for _, task := range plain.Received() {
 		if task.StepID == "b" {
 			t.Errorf("step b (requires docker) went to an agent without it")
 		}
 	}
-	if n := len(plain.received()) + len(docker.received()); n != 4 {
+	if n := len(plain.Received()) + len(docker.Received()); n != 4 {
 		t.Errorf("%d tasks executed, want 4", n)
 	}
 }
@@ -109,7 +110,7 @@ func TestResubmissionReturnsSameJobWithoutSecondDispatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	agent := startHandAgent(t, b, "default", "a1", nil)
+	agent := handagent.Start(t, b.js, "default", "a1", nil)
 	body := []byte("name: once\nidempotency_key: deploy-7\nsteps: [{id: s, action: echo}]\n")
 	id := protocol.JobIDForKey("deploy-7")
 	r1 := b.submit(t, body, id, "deploy-7")
@@ -120,7 +121,7 @@ func TestResubmissionReturnsSameJobWithoutSecondDispatch(t *testing.T) {
 	if r1.JobID != id || r2.JobID != id || !r2.Existing {
 		t.Fatalf("replies %+v %+v, want job %s twice, second existing", r1, r2, id)
 	}
-	if n := len(agent.received()); n != 1 {
+	if n := len(agent.Received()); n != 1 {
 		t.Fatalf("%d dispatches, want 1", n)
 	}
 	if seq := lastSeq(t, b.js, protocol.TaskStream(protocol.Shard("default", "a1", 4))); seq != 1 {
@@ -132,16 +133,14 @@ func TestStaleEpochResultDoesNotChangeStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	agent := startHandAgent(t, b, "default", "a1", nil)
+	agent := handagent.Start(t, b.js, "default", "a1", nil)
 	release := make(chan struct{})
 	var once sync.Once
-	agent.mu.Lock()
-	agent.reply = func(task protocol.Task) protocol.Result {
+	agent.Reply(func(task protocol.Task) protocol.Result {
 		// Hold the real result until the stale one has been handled.
 		<-release
 		return protocol.Result{Status: protocol.ResultSucceeded}
-	}
-	agent.mu.Unlock()
+	})
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 
 	b.submit(t, []byte("name: s\nsteps: [{id: s, action: echo}]"), "job-stale", "")
@@ -152,7 +151,7 @@ func TestStaleEpochResultDoesNotChangeStep(t *testing.T) {
 	before, rev, _ := b.store.Step(context.Background(), "job-stale", "s")
 	stale := protocol.Result{JobID: "job-stale", StepID: "s", Epoch: before.Epoch + 7, Agent: "impostor",
 		Status: protocol.ResultFailed, Error: "late", FinishedAt: time.Now()}
-	if err := publishResult(context.Background(), b.js, stale); err != nil {
+	if err := handagent.PublishResult(context.Background(), b.js, stale); err != nil {
 		t.Fatal(err)
 	}
 	// The scheduler records every stale result as an event; wait for it.
@@ -174,10 +173,10 @@ func TestTwoSchedulersDispatchEachStepOnce(t *testing.T) {
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{Workers: 4})
 	b.startScheduler(t, scheduler.Config{Workers: 4})
-	agents := []*handAgent{
-		startHandAgent(t, b, "default", "a1", nil),
-		startHandAgent(t, b, "default", "a2", nil),
-		startHandAgent(t, b, "default", "a3", nil),
+	agents := []*handagent.Agent{
+		handagent.Start(t, b.js, "default", "a1", nil),
+		handagent.Start(t, b.js, "default", "a2", nil),
+		handagent.Start(t, b.js, "default", "a3", nil),
 	}
 	const jobs = 200
 	var ids []string
@@ -192,7 +191,7 @@ func TestTwoSchedulersDispatchEachStepOnce(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for _, a := range agents {
-		for _, task := range a.received() {
+		for _, task := range a.Received() {
 			seen[task.JobID+"."+task.StepID]++
 		}
 	}
@@ -219,7 +218,7 @@ func TestUnknownActionFailsJobWithReason(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	startHandAgent(t, b, "default", "a1", nil)
+	handagent.Start(t, b.js, "default", "a1", nil)
 	b.submit(t, []byte("name: typo\nsteps: [{id: s, action: deplyo}]"), "job-typo", "")
 	job := b.waitJob(t, "job-typo", jobstore.JobFailed)
 	if !strings.Contains(job.Error, `unknown action "deplyo"`) || !strings.Contains(job.Error, "echo") {
@@ -231,15 +230,13 @@ func TestFailedStepSkipsDependentsAndFailsJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	agent := startHandAgent(t, b, "default", "a1", []string{"docker"})
-	agent.mu.Lock()
-	agent.reply = func(task protocol.Task) protocol.Result {
+	agent := handagent.Start(t, b.js, "default", "a1", []string{"docker"})
+	agent.Reply(func(task protocol.Task) protocol.Result {
 		if task.StepID == "b" {
 			return protocol.Result{Status: protocol.ResultFailed, Error: "disk full", ErrorClass: protocol.ClassPermanent}
 		}
 		return protocol.Result{Status: protocol.ResultSucceeded}
-	}
-	agent.mu.Unlock()
+	})
 	b.submit(t, []byte(diamond), "job-fail", "")
 	job := b.waitJob(t, "job-fail", jobstore.JobFailed)
 	steps, _ := b.store.Steps(context.Background(), job)
@@ -258,15 +255,13 @@ func TestRetriableFailureIsRetriedWithNewEpoch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	agent := startHandAgent(t, b, "default", "a1", nil)
-	agent.mu.Lock()
-	agent.reply = func(task protocol.Task) protocol.Result {
+	agent := handagent.Start(t, b.js, "default", "a1", nil)
+	agent.Reply(func(task protocol.Task) protocol.Result {
 		if task.Attempt < 3 {
 			return protocol.Result{Status: protocol.ResultFailed, Error: "connection refused"}
 		}
 		return protocol.Result{Status: protocol.ResultSucceeded}
-	}
-	agent.mu.Unlock()
+	})
 	b.submit(t, []byte("name: r\nsteps: [{id: s, action: echo, max_retries: 2}]"), "job-retry", "")
 	b.waitJob(t, "job-retry", jobstore.JobSucceeded)
 	st, _, _ := b.store.Step(context.Background(), "job-retry", "s")

@@ -45,30 +45,39 @@ func (l *leader) deadLetterLoop(ctx context.Context) error {
 		return fmt.Errorf("advisory consumer: %w", err)
 	}
 	for ctx.Err() == nil {
-		batch, err := cons.Fetch(32, jetstream.FetchMaxWait(time.Second), jetstream.FetchContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			l.log.Debug().Err(err).Msg("advisory fetch failed")
-			sleepCtx(ctx, l.cfg.RecoveryRetry.Std())
-			continue
-		}
-		for msg := range batch.Messages() {
-			err := l.handleAdvisory(ctx, msg)
-			switch {
-			case errors.Is(err, errNotLeader):
-				_ = msg.Nak()
-				return nil
-			case err != nil:
-				l.log.Warn().Err(err).Msg("advisory handling failed; will retry")
-				_ = msg.NakWithDelay(l.cfg.RecoveryRetry.Std())
-			default:
-				_ = msg.Ack()
-			}
+		if done := l.advisoryBatch(ctx, cons); done {
+			return nil
 		}
 	}
 	return nil
+}
+
+// advisoryBatch handles one fetch of advisories; true means stop leading.
+func (l *leader) advisoryBatch(ctx context.Context, cons jetstream.Consumer) bool {
+	fctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	batch, err := cons.Fetch(32, jetstream.FetchContext(fctx))
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn().Err(err).Msg("advisory fetch failed")
+			sleepCtx(ctx, l.cfg.RecoveryRetry.Std())
+		}
+		return false
+	}
+	for msg := range batch.Messages() {
+		err := l.handleAdvisory(ctx, msg)
+		switch {
+		case errors.Is(err, errNotLeader):
+			_ = msg.Nak()
+			return true
+		case err != nil:
+			l.log.Warn().Err(err).Msg("advisory handling failed; will retry")
+			_ = msg.NakWithDelay(l.cfg.RecoveryRetry.Std())
+		default:
+			_ = msg.Ack()
+		}
+	}
+	return false
 }
 
 func (l *leader) handleAdvisory(ctx context.Context, msg jetstream.Msg) error {

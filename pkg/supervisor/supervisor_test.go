@@ -1,0 +1,229 @@
+package supervisor_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/scheduler"
+	"github.com/wardenhq/warden/pkg/supervisor"
+	"github.com/wardenhq/warden/streams"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+type bundle struct {
+	srv   *natstest.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *jobstore.Store
+}
+
+func setup(t *testing.T, sched scheduler.Config, sup supervisor.Config) *bundle {
+	t.Helper()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{})
+	store, err := jobstore.Open(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	log := zerolog.Nop()
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(t))
+	}
+	run := func(name string, f func(context.Context) error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- f(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		})
+	}
+	snc, _ := srv.Connect(t)
+	s, err := scheduler.New(sched, snc, scheduler.WithLogger(log.With().Str("component", "scheduler").Logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("scheduler", s.Run)
+	vnc, _ := srv.Connect(t)
+	v, err := supervisor.New(sup, vnc, log.With().Str("component", "supervisor").Logger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run("supervisor", v.Run)
+	return b
+}
+
+func (b *bundle) submit(t *testing.T, id, body string) {
+	t.Helper()
+	msg := nats.NewMsg(protocol.SubjectSubmit)
+	msg.Data = []byte(body)
+	msg.Header.Set(protocol.HeaderJobID, id)
+	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *bundle) step(t *testing.T, job, step string) *jobstore.Step {
+	t.Helper()
+	st, _, err := b.store.Step(context.Background(), job, step)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+func (b *bundle) events(t *testing.T, kind string) []protocol.Event {
+	t.Helper()
+	s, err := b.js.Stream(context.Background(), protocol.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.Event
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(200 * time.Millisecond))
+		if err != nil {
+			return out
+		}
+		var e protocol.Event
+		if json.Unmarshal(m.Data(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+}
+
+func TestExpiredLeaseIsRedispatchedWithNewEpoch(t *testing.T) {
+	t.Parallel()
+	b := setup(t,
+		scheduler.Config{DispatchGrace: protocol.Duration(200 * time.Millisecond)},
+		supervisor.Config{FailureThreshold: protocol.Duration(time.Hour), RecoveryGrace: protocol.Duration(time.Second)})
+	sink := handagent.Start(t, b.js, "default", "sink", []string{"x"})
+	// Registered after the agent, so it runs before the agent's cleanup.
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	sink.Reply(func(protocol.Task) protocol.Result { <-hold; return protocol.Result{Status: handagent.Drop} })
+	b.submit(t, "job-lease", "name: l\nsteps: [{id: s, action: echo, requires: [x], timeout: 1s}]")
+	natstest.Eventually(t, 10*time.Second, "sink got the task", func() bool { return len(sink.Received()) == 1 })
+	// The sink goes silent; a healthy agent joins. Failover is off (1h
+	// threshold), so only the lease can bring the step back.
+	sink.Leave()
+	handagent.Start(t, b.js, "default", "good", []string{"x"})
+	natstest.Eventually(t, 15*time.Second, "step succeeds elsewhere", func() bool {
+		st := b.step(t, "job-lease", "s")
+		return st != nil && st.State == jobstore.StepSucceeded
+	})
+	st := b.step(t, "job-lease", "s")
+	if st.Epoch != 2 || st.Actor != "good" || st.Attempts[0].Status != "lease_expired" || st.Attempts[0].Agent != "sink" {
+		raw, _ := json.Marshal(st)
+		t.Fatalf("recovery not recorded as expected: %s", raw)
+	}
+}
+
+func TestFailedAgentsTasksAreTransferred(t *testing.T) {
+	t.Parallel()
+	b := setup(t, scheduler.Config{}, supervisor.Config{FailureThreshold: protocol.Duration(300 * time.Millisecond)})
+	sink := handagent.Start(t, b.js, "default", "sink", []string{"x"})
+	// Registered after the agent, so it runs before the agent's cleanup.
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	sink.Reply(func(protocol.Task) protocol.Result { <-hold; return protocol.Result{Status: handagent.Drop} })
+	b.submit(t, "job-fo-1", "name: f\nsteps: [{id: s, action: echo, requires: [x]}]")
+	b.submit(t, "job-fo-2", "name: f\nsteps: [{id: s, action: echo, requires: [x]}]")
+	natstest.Eventually(t, 10*time.Second, "both dispatched to sink", func() bool {
+		a, c := b.step(t, "job-fo-1", "s"), b.step(t, "job-fo-2", "s")
+		return a != nil && c != nil && a.Actor == "sink" && c.Actor == "sink"
+	})
+	handagent.Start(t, b.js, "default", "good", []string{"x"})
+	sink.Stop() // a crash: no clean delete, the presence expires by TTL
+	natstest.Eventually(t, 15*time.Second, "both steps succeed on good", func() bool {
+		for _, j := range []string{"job-fo-1", "job-fo-2"} {
+			st := b.step(t, j, "s")
+			if st == nil || st.State != jobstore.StepSucceeded {
+				return false
+			}
+		}
+		return true
+	})
+	for _, j := range []string{"job-fo-1", "job-fo-2"} {
+		st := b.step(t, j, "s")
+		if st.Actor != "good" || st.TransferredFrom != "sink" || st.Attempts[0].Status != "transferred" {
+			raw, _ := json.Marshal(st)
+			t.Errorf("transfer not recorded: %s", raw)
+		}
+	}
+	var moved int
+	natstest.Eventually(t, 5*time.Second, "failover event", func() bool {
+		moved = 0
+		for _, e := range b.events(t, "failover") {
+			if e.Agent == "sink" && e.Data["outcome"] == supervisor.OutcomeTransferred && strings.Contains(e.Data["targets"], "good") {
+				moved += atoi(e.Data["tasks_moved"])
+			}
+		}
+		return moved == 2
+	})
+}
+
+func TestMaxDeliveriesDeadLetterTheTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t, scheduler.Config{}, supervisor.Config{})
+	crashy := handagent.Start(t, b.js, "default", "crashy", nil, handagent.Options{AckWait: 100 * time.Millisecond, MaxDeliver: 3})
+	crashy.Reply(func(protocol.Task) protocol.Result {
+		return protocol.Result{Status: handagent.Drop, Error: "segfault"}
+	})
+	b.submit(t, "job-poison", "name: p\nsteps: [{id: s, action: echo}, {id: after, action: echo, depends_on: [s]}]")
+	natstest.Eventually(t, 20*time.Second, "job fails with a dead-lettered step", func() bool {
+		j, _, err := b.store.Job(context.Background(), "job-poison")
+		return err == nil && j.State == jobstore.JobFailed
+	})
+	st := b.step(t, "job-poison", "s")
+	if st.State != jobstore.StepDeadLettered || !strings.Contains(st.LastError, "delivered 3 times") {
+		t.Fatalf("step %s: %s", st.State, st.LastError)
+	}
+	if after := b.step(t, "job-poison", "after"); after.State != jobstore.StepSkipped {
+		t.Fatalf("dependent is %s", after.State)
+	}
+	s, _ := b.js.Stream(context.Background(), protocol.StreamDLQ)
+	raw, err := s.GetLastMsgForSubject(context.Background(), protocol.DLQSubject("default", "crashy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var task protocol.Task
+	if err := json.Unmarshal(raw.Data, &task); err != nil || task.JobID != "job-poison" || task.StepID != "s" {
+		t.Fatalf("dead letter payload %q: %v", raw.Data, err)
+	}
+	if raw.Header.Get(protocol.HeaderDLQReason) != "max_deliveries" || raw.Header.Get(protocol.HeaderDLQDeliveries) != "3" ||
+		raw.Header.Get(protocol.HeaderJob) != "job-poison" {
+		t.Fatalf("dead letter headers %v", raw.Header)
+	}
+	// The original is gone from the task stream.
+	ts, _ := b.js.Stream(context.Background(), protocol.TaskStream(protocol.Shard("default", "crashy", streams.DefaultTaskShards)))
+	info, _ := ts.Info(context.Background())
+	if info.State.Msgs != 0 {
+		t.Fatalf("%d messages left in the task stream", info.State.Msgs)
+	}
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
