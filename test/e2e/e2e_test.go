@@ -168,4 +168,3 @@ func TestSecondAgentWithTakenIDExitsNonZero(t *testing.T) {
 		t.Errorf("first agent stopped:\n%s", first.Output())
 	}
 }
-

@@ -156,7 +156,6 @@ func PublishResult(ctx context.Context, js jetstream.JetStream, r protocol.Resul
 	return err
 }
 
-
 // Reply sets how tasks are answered; nil answers success echoing the params.
 // A reply that blocks holds the task unacknowledged.
 func (a *Agent) Reply(f func(protocol.Task) protocol.Result) {
