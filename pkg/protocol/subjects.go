@@ -20,6 +20,9 @@ const (
 	SubjectEventPrefix = "warden.event"
 	// SubjectDLQPrefix prefixes dead letters: warden.dlq.<pool>.<agent>.
 	SubjectDLQPrefix = "warden.dlq"
+	// SubjectControlAdvance asks a scheduler (request-reply, queue group
+	// "scheduler") to advance the job named in the body now.
+	SubjectControlAdvance = "warden.control.advance"
 
 	StreamSubmit  = "WARDEN_SUBMIT"
 	StreamResults = "WARDEN_RESULTS"

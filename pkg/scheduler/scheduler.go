@@ -97,8 +97,22 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	var (
+		wg, feeders sync.WaitGroup
+		workers     []chan work
+		errc        = make(chan error, 3)
+	)
+	// stop shuts everything down in order: feeders first, so no message is
+	// routed to a closed worker, then the workers finish what they hold.
+	stop := func(err error) error {
+		cancel()
+		feeders.Wait()
+		for _, ch := range workers {
+			close(ch)
+		}
+		wg.Wait()
+		return err
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -109,12 +123,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	select {
 	case <-view.Ready():
 	case err := <-errc:
-		return err
+		return stop(err)
 	case <-ctx.Done():
-		return nil
+		return stop(nil)
 	}
 
-	workers := make([]chan work, s.cfg.Workers)
+	workers = make([]chan work, s.cfg.Workers)
 	for i := range workers {
 		workers[i] = make(chan work, 64)
 		wg.Add(1)
@@ -125,7 +139,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			}
 		}(workers[i])
 	}
-	var feeders sync.WaitGroup
 	for _, src := range []struct {
 		stream string
 		handle func(context.Context, jetstream.Msg)
@@ -136,9 +149,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	} {
 		cons, err := s.consumer(ctx, src.stream)
 		if err != nil {
-			cancel()
-			wg.Wait()
-			return err
+			return stop(err)
 		}
 		feeders.Add(1)
 		go func() {
@@ -148,20 +159,21 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	ctrl, err := s.nc.QueueSubscribe(protocol.SubjectControlAdvance, protocol.ConsumerScheduler, func(m *nats.Msg) {
+		s.handleAdvanceRequest(ctx, m)
+	})
+	if err != nil {
+		return stop(fmt.Errorf("subscribe %s: %w", protocol.SubjectControlAdvance, err))
+	}
+	defer func() { _ = ctrl.Unsubscribe() }()
 	s.log.Info().Int("workers", s.cfg.Workers).Int("task_shards", s.cfg.TaskShards).Msg("scheduler running")
 
-	var runErr error
 	select {
 	case <-ctx.Done():
-	case runErr = <-errc:
-		cancel()
+		return stop(nil)
+	case err := <-errc:
+		return stop(err)
 	}
-	feeders.Wait()
-	for _, ch := range workers {
-		close(ch)
-	}
-	wg.Wait()
-	return runErr
 }
 
 type work struct {
@@ -226,4 +238,17 @@ func (s *Scheduler) settle(msg jetstream.Msg, err error, log zerolog.Logger) {
 		log.Warn().Err(err).Msg("handling failed; will retry")
 		_ = msg.NakWithDelay(s.cfg.WaitRetry.Std())
 	}
+}
+
+// handleAdvanceRequest advances the job named in the request body at once
+// (after an operator reopened a step, say) and replies "ok" or the error.
+func (s *Scheduler) handleAdvanceRequest(ctx context.Context, m *nats.Msg) {
+	jobID := string(m.Data)
+	reply := "ok"
+	if !protocol.ValidToken(jobID) {
+		reply = "error: invalid job id"
+	} else if err := s.dispatch.Advance(ctx, jobID); err != nil && !errors.Is(err, dispatch.ErrWaiting) {
+		reply = "error: " + err.Error()
+	}
+	_ = m.Respond([]byte(reply))
 }

@@ -2,6 +2,7 @@ package supervisor_test
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/pkg/dlq"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -217,6 +219,33 @@ func TestMaxDeliveriesDeadLetterTheTask(t *testing.T) {
 	info, _ := ts.Info(context.Background())
 	if info.State.Msgs != 0 {
 		t.Fatalf("%d messages left in the task stream", info.State.Msgs)
+	}
+
+	// The operator fixes the cause and retries the dead letter.
+	crashy.Reply(nil)
+	q, err := dlq.Open(context.Background(), b.nc, b.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	letters, err := q.List(context.Background(), 0)
+	if err != nil || len(letters) != 1 || letters[0].StepID != "s" || letters[0].Reason != "max_deliveries" {
+		t.Fatalf("dlq list: %+v %v", letters, err)
+	}
+	if _, err := q.Retry(context.Background(), b.store, letters[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 20*time.Second, "retried job succeeds", func() bool {
+		j, _, err := b.store.Job(context.Background(), "job-poison")
+		return err == nil && j.State == jobstore.JobSucceeded
+	})
+	if st := b.step(t, "job-poison", "s"); st.Epoch != 2 || st.Attempt != 1 {
+		t.Fatalf("retried step epoch %d attempt %d", st.Epoch, st.Attempt)
+	}
+	if left, _ := q.List(context.Background(), 0); len(left) != 0 {
+		t.Fatalf("dead letter not removed after retry: %+v", left)
+	}
+	if _, err := q.Retry(context.Background(), b.store, letters[0].ID); !errors.Is(err, dlq.ErrNotFound) {
+		t.Fatalf("second retry of the same letter: %v", err)
 	}
 }
 
