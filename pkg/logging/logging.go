@@ -21,6 +21,12 @@ const (
 	FieldEpoch = "epoch"
 )
 
+func init() {
+	// A package-level setting of zerolog's: set once here, never per logger,
+	// so that building a logger cannot race with goroutines that log.
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+}
+
 // New returns a logger for component writing to stderr at level
 // (debug, info, warn, error; default info). WARDEN_LOG_FORMAT=json|console
 // overrides the terminal detection.
@@ -39,6 +45,5 @@ func NewTo(w io.Writer, component, level string) zerolog.Logger {
 	if f, ok := w.(*os.File); (ok && format == "" && isatty.IsTerminal(f.Fd())) || format == "console" {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
 	}
-	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(out).Level(lvl).With().Timestamp().Str("component", component).Logger()
 }

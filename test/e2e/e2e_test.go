@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins, err = procs.Build(dir, "scheduler", "supervisor", "agent")
+	bins, err = procs.Build(dir, "scheduler", "supervisor", "agent", "warden", "./test/testagent")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

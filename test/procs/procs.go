@@ -17,8 +17,9 @@ import (
 	"time"
 )
 
-// Build compiles the named commands (cmd/<name>) into dir and returns their
-// paths by name.
+// Build compiles the named commands into dir and returns their paths by
+// name. A bare name is cmd/<name>; a path (./test/testagent) is built as is
+// and named by its last element.
 func Build(dir string, names ...string) (map[string]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -27,7 +28,11 @@ func Build(dir string, names ...string) (map[string]string, error) {
 	out := map[string]string{}
 	args := []string{"build", "-o", dir + string(os.PathSeparator)}
 	for _, n := range names {
-		args = append(args, "./cmd/"+n)
+		pkg := "./cmd/" + n
+		if strings.Contains(n, "/") {
+			pkg, n = n, filepath.Base(n)
+		}
+		args = append(args, pkg)
 		out[n] = filepath.Join(dir, n)
 	}
 	cmd := exec.Command("go", args...)

@@ -1,0 +1,125 @@
+package actions
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// DefaultTailBytes is how much of stdout and stderr shell keeps by default.
+const DefaultTailBytes = 4096
+
+// ShellConfig says what shell may run.
+type ShellConfig struct {
+	// AllowedCommands are the only commands shell runs, matched exactly
+	// against the command parameter ("/usr/bin/make" and "make" are
+	// different entries). Defaults to none: shell refuses everything.
+	AllowedCommands []string `yaml:"allowed_commands"`
+	// TailBytes is how many trailing bytes of stdout and stderr go into the
+	// result. Defaults to 4096.
+	TailBytes int `yaml:"tail_bytes"`
+}
+
+// ShellParams are the parameters of shell.
+type ShellParams struct {
+	// Command to run, found in PATH unless it contains a slash. Required.
+	Command string `json:"command"`
+	// Args are passed as they are: there is no shell to expand them.
+	Args []string `json:"args,omitempty"`
+	// Env is added to an environment holding only PATH.
+	Env map[string]string `json:"env,omitempty"`
+	// Dir is the working directory. Defaults to the agent's.
+	Dir string `json:"dir,omitempty"`
+	// Timeout kills the command after this long. Defaults to the task's deadline.
+	Timeout protocol.Duration `json:"timeout,omitempty"`
+}
+
+// ShellOutput is shell's output; it is reported on failure too.
+type ShellOutput struct {
+	ExitCode   int    `json:"exit_code"`
+	StdoutTail string `json:"stdout_tail"`
+	StderrTail string `json:"stderr_tail"`
+	Truncated  bool   `json:"truncated,omitempty"`
+}
+
+// ErrCommandNotAllowed is wrapped when the command is not in allowed_commands.
+var ErrCommandNotAllowed = errors.New("command not allowed")
+
+// Shell returns the shell action for cfg.
+func Shell(cfg ShellConfig) Func {
+	if cfg.TailBytes <= 0 {
+		cfg.TailBytes = DefaultTailBytes
+	}
+	return func(ctx context.Context, params json.RawMessage) (any, error) {
+		var p ShellParams
+		if err := Decode(params, &p); err != nil {
+			return nil, err
+		}
+		if err := required("command", p.Command); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(cfg.AllowedCommands, p.Command) {
+			return nil, Permanentf("%w: %q is not in shell.allowed_commands %q", ErrCommandNotAllowed, p.Command, cfg.AllowedCommands)
+		}
+		if p.Timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeoutCause(ctx, p.Timeout.Std(),
+				fmt.Errorf("shell: command timed out after %s", p.Timeout))
+			defer cancel()
+		}
+		return runCommand(ctx, cfg.TailBytes, p)
+	}
+}
+
+func runCommand(ctx context.Context, tailBytes int, p ShellParams) (any, error) {
+	cmd := exec.CommandContext(ctx, p.Command, p.Args...)
+	cmd.Dir = p.Dir
+	cmd.Env = commandEnv(p.Env)
+	stdout, stderr := newTail(tailBytes), newTail(tailBytes)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	// A child that inherited the pipes must not keep us waiting after the
+	// command was killed.
+	cmd.WaitDelay = time.Second
+	err := cmd.Run()
+	out := ShellOutput{
+		ExitCode:   cmd.ProcessState.ExitCode(), // -1 when it did not start or was killed
+		StdoutTail: stdout.String(),
+		StderrTail: stderr.String(),
+		Truncated:  stdout.Truncated() || stderr.Truncated(),
+	}
+	switch {
+	case err == nil:
+		return out, nil
+	case ctx.Err() != nil:
+		return out, fmt.Errorf("shell: %s killed: %w", p.Command, context.Cause(ctx))
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
+		return out, Permanentf("shell: cannot start %s: %w", p.Command, err)
+	}
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
+		return out, fmt.Errorf("shell: %s exited with code %d", p.Command, out.ExitCode)
+	}
+	return out, fmt.Errorf("shell: %s: %w", p.Command, err)
+}
+
+// commandEnv is PATH plus the task's variables, sorted for determinism.
+func commandEnv(extra map[string]string) []string {
+	env := []string{"PATH=" + os.Getenv("PATH")}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
+}

@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/actions"
+	"github.com/wardenhq/warden/pkg/natsconn"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// Config is an agent's configuration, decoded from configs/agent.yaml. Every
+// field has a default filled by WithDefaults; Validate checks the result.
+type Config struct {
+	// ID names the agent; it is its durable consumer name and presence key.
+	// Defaults to the host name (reduced to letters, digits, '-' and '_').
+	ID string `yaml:"id"`
+	// Pool the agent serves. Defaults to "default".
+	Pool string `yaml:"pool"`
+	// Capabilities the scheduler matches steps against. Defaults to none.
+	Capabilities []string `yaml:"capabilities"`
+	// Labels are free-form key/values shown in presence. Defaults to none.
+	Labels map[string]string `yaml:"labels"`
+	// MaxConcurrent is how many tasks run at once; it is also the consumer's
+	// max_ack_pending. Defaults to 4.
+	MaxConcurrent int `yaml:"max_concurrent"`
+	// HeartbeatInterval between presence heartbeats. Defaults to 1s; must be
+	// less than half the presence bucket's TTL.
+	HeartbeatInterval protocol.Duration `yaml:"heartbeat_interval"`
+	// Lease is the consumer's AckWait: how long a task stays with this agent
+	// without news. The agent extends it every lease/3 while a handler runs.
+	// Defaults to 10s.
+	Lease protocol.Duration `yaml:"lease"`
+	// MaxDeliver bounds deliveries of one task message (-1: unbounded).
+	// Defaults to 5.
+	MaxDeliver int `yaml:"max_deliver"`
+	// TaskShards is the number of task streams of the deployment; it must
+	// match the scheduler's. Defaults to 4.
+	TaskShards int `yaml:"task_shards"`
+	// DrainTimeout is how long in-flight tasks may finish after a stop
+	// request before they are cancelled and handed back. Defaults to 30s.
+	DrainTimeout protocol.Duration `yaml:"drain_timeout"`
+	// FetchWait is how long one pull request waits for a task. Defaults to 30s.
+	FetchWait protocol.Duration `yaml:"fetch_wait"`
+	// Actions this agent runs. Defaults to none listed, which means every
+	// handler registered in code plus the harmless built-ins echo and sleep.
+	// When listed, exactly these run: shell and http run only when listed.
+	Actions []string `yaml:"actions"`
+	// Shell configures the shell built-in.
+	Shell actions.ShellConfig `yaml:"shell"`
+	// HTTP configures the http built-in.
+	HTTP actions.HTTPConfig `yaml:"http"`
+	// MetricsAddr serves Prometheus /metrics, e.g. ":9102". Defaults to "" (off).
+	MetricsAddr string `yaml:"metrics_addr"`
+	// LogLevel is debug, info, warn or error. Defaults to info.
+	LogLevel string `yaml:"log_level"`
+	// NATS says where to connect. Defaults to NATS_URL / NATS_CREDS, then
+	// nats://127.0.0.1:4222.
+	NATS natsconn.Options `yaml:"nats"`
+}
+
+// Defaults.
+const (
+	DefaultPool              = "default"
+	DefaultMaxConcurrent     = 4
+	DefaultHeartbeatInterval = time.Second
+	DefaultLease             = 10 * time.Second
+	DefaultMaxDeliver        = 5
+	DefaultDrainTimeout      = 30 * time.Second
+	DefaultFetchWait         = 30 * time.Second
+	DefaultLogLevel          = "info"
+
+	// maxConcurrentLimit is the task consumer's max_waiting bound.
+	maxConcurrentLimit = 512
+	minLease           = 300 * time.Millisecond
+)
+
+// DefaultConfig returns a Config with every default filled in.
+func DefaultConfig() Config { return Config{}.WithDefaults() }
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.ID == "" {
+		c.ID = hostID()
+	}
+	if c.Pool == "" {
+		c.Pool = DefaultPool
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = protocol.Duration(DefaultHeartbeatInterval)
+	}
+	if c.Lease == 0 {
+		c.Lease = protocol.Duration(DefaultLease)
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = DefaultMaxDeliver
+	}
+	if c.TaskShards == 0 {
+		c.TaskShards = streams.DefaultTaskShards
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = protocol.Duration(DefaultDrainTimeout)
+	}
+	if c.FetchWait == 0 {
+		c.FetchWait = protocol.Duration(DefaultFetchWait)
+	}
+	if c.Shell.TailBytes == 0 {
+		c.Shell.TailBytes = actions.DefaultTailBytes
+	}
+	if c.HTTP.TailBytes == 0 {
+		c.HTTP.TailBytes = actions.DefaultTailBytes
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	return c
+}
+
+// Validate reports every invalid field, each error naming the field and rule.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if !protocol.ValidToken(c.ID) {
+		bad("id %q must be 1-128 characters of letters, digits, '-' or '_'", c.ID)
+	}
+	if !protocol.ValidToken(c.Pool) {
+		bad("pool %q must be 1-128 characters of letters, digits, '-' or '_'", c.Pool)
+	}
+	for i, capability := range c.Capabilities {
+		if strings.TrimSpace(capability) == "" {
+			bad("capabilities[%d] must not be empty", i)
+		}
+	}
+	if c.MaxConcurrent < 1 || c.MaxConcurrent > maxConcurrentLimit {
+		bad("max_concurrent must be between 1 and %d, got %d", maxConcurrentLimit, c.MaxConcurrent)
+	}
+	if c.HeartbeatInterval <= 0 {
+		bad("heartbeat_interval must be positive")
+	}
+	if c.Lease.Std() < minLease {
+		bad("lease must be at least %s, got %s", minLease, c.Lease)
+	}
+	if c.MaxDeliver < -1 || c.MaxDeliver == 0 {
+		bad("max_deliver must be at least 1, or -1 for unbounded, got %d", c.MaxDeliver)
+	}
+	if c.TaskShards < 1 {
+		bad("task_shards must be at least 1, got %d", c.TaskShards)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain_timeout must not be negative")
+	}
+	if c.FetchWait.Std() < time.Second {
+		bad("fetch_wait must be at least 1s, got %s", c.FetchWait)
+	}
+	seen := map[string]bool{}
+	for i, a := range c.Actions {
+		switch {
+		case !protocol.ValidToken(a):
+			bad("actions[%d] %q must be letters, digits, '-' or '_'", i, a)
+		case seen[a]:
+			bad("actions[%d] %q is listed twice", i, a)
+		}
+		seen[a] = true
+	}
+	for i, cmd := range c.Shell.AllowedCommands {
+		if cmd == "" {
+			bad("shell.allowed_commands[%d] must not be empty", i)
+		}
+	}
+	if c.Shell.TailBytes < 1 {
+		bad("shell.tail_bytes must be positive, got %d", c.Shell.TailBytes)
+	}
+	if c.HTTP.TailBytes < 1 {
+		bad("http.tail_bytes must be positive, got %d", c.HTTP.TailBytes)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+var nonToken = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// hostID derives a default agent id from the host name.
+func hostID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "agent"
+	}
+	h, _, _ = strings.Cut(h, ".")
+	h = nonToken.ReplaceAllString(h, "-")
+	if len(h) > 128 {
+		h = h[:128]
+	}
+	return h
+}

@@ -1,0 +1,45 @@
+// Package agent is Warden's agent SDK and runtime. A program registers
+// handlers and runs:
+//
+//	a, err := agent.New(cfg, agent.WithLogger(log))
+//	a.Handle("resize", func(ctx context.Context, t *agent.Task) (any, error) {
+//		var p struct{ Width int `json:"width"` }
+//		if err := t.Bind(&p); err != nil {
+//			return nil, err // permanent: bad params
+//		}
+//		return resize(ctx, p.Width)
+//	})
+//	err = a.Run(ctx) // returns after ctx ends and the drain finished
+//
+// The agent owns a durable pull consumer named after its id on its task
+// shard stream (warden.task.<shard>.<pool>.<agent>) and its presence key
+// <pool>.<agent>. Guarantees:
+//   - Only actions the configuration allows run (Config.Actions); any other
+//     task is answered with a permanent "unknown action" failure.
+//   - At most MaxConcurrent tasks run; a task is pulled only when a slot is
+//     free, so none waits in the agent while its lease runs.
+//   - While a handler runs its lease is extended every lease/3, and an
+//     extension counts only once the server confirmed it. If the lease we are
+//     sure of runs out, the handler's context is cancelled with ErrLeaseLost
+//     and nothing is reported: the task may already run elsewhere.
+//   - A handler's context ends a margin before the step's deadline (and at
+//     most the step's timeout after start), with cause ErrDeadline, so the
+//     failure is reported in time. Nothing is published at or after the
+//     deadline; a task that arrives too late is not run.
+//   - A task message that cannot be decoded, or whose deadline passed, is
+//     copied to warden.dlq.<pool>.<agent> (Warden-DLQ-Reason undecodable or
+//     expired) and only then terminated, so nothing vanishes unrecorded.
+//   - The result is published (deduplicated by Nats-Msg-Id
+//     <job>.<step>.<epoch>.result) before the task is acked, and the ack
+//     waits for the server's confirmation: a task is never lost in between.
+//   - A handler's error decides the result: Permanent, Retriable and
+//     RetryAfter set error_class and retry_after; any error with an
+//     ErrorClass() string method is classified the same way; other errors
+//     carry no class and the scheduler decides. A panic is a failure.
+//   - Cancelling Run's context drains: presence says draining, no task is
+//     fetched, in-flight tasks get DrainTimeout, the rest are cancelled with
+//     ErrShutdown and handed back (Nak), then the presence key is deleted.
+//
+// Execution is at least once: handlers must be idempotent. Package
+// agenttest runs a handler against a task without NATS.
+package agent

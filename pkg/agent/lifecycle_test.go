@@ -1,0 +1,225 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/pkg/presence"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	var runs atomic.Int32
+	var delivery atomic.Uint64
+	cfg := testConfig("a1")
+	cfg.Lease = protocol.Duration(lease)
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("long", func(ctx context.Context, task *agent.Task) (any, error) {
+			runs.Add(1)
+			delivery.Store(task.Delivery)
+			select {
+			case <-time.After(3 * lease):
+				return "done", nil
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "long"})
+	r, _ := b.result(t, "j1", "s1")
+	if r.Status != protocol.ResultSucceeded {
+		t.Fatalf("result: %+v", r)
+	}
+	if got := r.FinishedAt.Sub(r.StartedAt); got < 3*lease {
+		t.Fatalf("handler ran %s, want at least 3 leases", got)
+	}
+	if runs.Load() != 1 || delivery.Load() != 1 {
+		t.Fatalf("runs=%d delivery=%d, want one run of the first delivery", runs.Load(), delivery.Load())
+	}
+	natstest.Eventually(t, 5*time.Second, "task acked", func() bool { return b.taskMessages(t) == 0 })
+	if ci := b.consumerInfo(t); ci.NumRedelivered != 0 || ci.Delivered.Consumer != 1 {
+		t.Fatalf("redelivered=%d delivered=%d, want a single delivery", ci.NumRedelivered, ci.Delivered.Consumer)
+	}
+}
+
+func TestLeaseLostCancelsWithoutReport(t *testing.T) {
+	t.Parallel()
+	cause := make(chan error, 1)
+	started := make(chan struct{})
+	cfg := testConfig("a1")
+	cfg.Lease = protocol.Duration(600 * time.Millisecond)
+	// One slot: while the handler runs nothing pulls, so nothing re-creates
+	// the consumer we delete below.
+	cfg.MaxConcurrent = 1
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("work", func(ctx context.Context, _ *agent.Task) (any, error) {
+			close(started)
+			<-ctx.Done()
+			cause <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work"})
+	<-started
+	// The server forgets the delivery: extensions get no reply any more.
+	shard := protocol.Shard("p", "a1", testShards)
+	if err := b.js.DeleteConsumer(context.Background(), protocol.TaskStream(shard), "a1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-cause:
+		if !errors.Is(err, agent.ErrLeaseLost) {
+			t.Fatalf("handler cancelled with %v, want ErrLeaseLost", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler not cancelled after the lease ran out")
+	}
+	natstest.Eventually(t, 5*time.Second, "lease loss counted", func() bool { return b.agent.Stats().LeaseLost == 1 })
+	b.noResult(t, "j1", "s1")
+}
+
+func TestDeadlineCancelsAndReportsInTime(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	b := setup(t, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("polite", func(ctx context.Context, _ *agent.Task) (any, error) {
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		})
+		a.Handle("stubborn", func(context.Context, *agent.Task) (any, error) {
+			<-release // ignores its context
+			return "too late", nil
+		})
+	})
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "polite", Action: "polite", Deadline: deadline})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "stubborn", Action: "stubborn", Deadline: deadline})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "timeout", Action: "polite", Timeout: protocol.Duration(200 * time.Millisecond)})
+
+	for step, want := range map[string]string{
+		"polite":   "step deadline reached",
+		"stubborn": "handler did not return after cancellation: step deadline reached",
+		"timeout":  "step deadline reached: step timeout 200ms",
+	} {
+		r, msg := b.result(t, "j1", step)
+		md, err := msg.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != protocol.ResultFailed || !strings.HasPrefix(r.Error, want) {
+			t.Errorf("%s: got %+v, want error starting %q", step, r, want)
+		}
+		if step != "timeout" && (!md.Timestamp.Before(deadline) || !r.FinishedAt.Before(deadline)) {
+			t.Errorf("%s: result stored at %s, finished %s, after the deadline %s", step, md.Timestamp, r.FinishedAt, deadline)
+		}
+	}
+}
+
+func TestDrainLetsInFlightFinish(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	release := make(chan struct{})
+	b := setup(t, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("work", func(context.Context, *agent.Task) (any, error) {
+			close(started)
+			<-release
+			return "finished", nil
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work"})
+	<-started
+	b.cancel()
+	natstest.Eventually(t, 5*time.Second, "presence says draining", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.Draining && p.InFlight == 1
+	})
+	close(release)
+	if err := b.stop(t); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if r, _ := b.result(t, "j1", "s1"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("in-flight task: %+v", r)
+	}
+	if b.taskMessages(t) != 0 {
+		t.Fatal("in-flight task not acked")
+	}
+	if _, err := b.presence(t); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("presence after stop: %v", err)
+	}
+}
+
+func TestDrainTimeoutHandsBack(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{})
+	cfg := testConfig("a1")
+	cfg.DrainTimeout = protocol.Duration(200 * time.Millisecond)
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("work", func(ctx context.Context, _ *agent.Task) (any, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, context.Cause(ctx)
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work"})
+	<-started
+	if err := b.stop(t); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if got := b.agent.Stats().HandedBack; got != 1 {
+		t.Fatalf("handed back %d, want 1", got)
+	}
+	b.noResult(t, "j1", "s1")
+	if n := b.taskMessages(t); n != 1 {
+		t.Fatalf("task stream holds %d messages, want the handed-back task", n)
+	}
+	// Handed back means available now, not after the 10s lease: a restarted
+	// agent gets it at once, as a second delivery.
+	began := time.Now()
+	b.start(t, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("work", func(_ context.Context, task *agent.Task) (any, error) { return task.Delivery, nil })
+	})
+	r, _ := b.result(t, "j1", "s1")
+	if r.Status != protocol.ResultSucceeded || string(r.Output) != "2" || time.Since(began) > 5*time.Second {
+		t.Fatalf("after restart: %+v (output %s) after %s", r, r.Output, time.Since(began))
+	}
+}
+
+func TestDuplicateAgentRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testConfig("a1"), nil)
+	first, err := b.presence(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := agent.New(testConfig("a1"), agent.WithConn(b.nc), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = second.Run(ctx)
+	var dup *presence.DuplicateError
+	if !errors.As(err, &dup) {
+		t.Fatalf("want *presence.DuplicateError, got %v", err)
+	}
+	if dup.Other.PID != os.Getpid() || !dup.Other.StartedAt.Equal(first.StartedAt) || !strings.Contains(err.Error(), "pid") {
+		t.Fatalf("duplicate error does not name the first agent: %v", err)
+	}
+	// The first agent still works.
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "echo"})
+	if r, _ := b.result(t, "j1", "s1"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("first agent after duplicate: %+v", r)
+	}
+}

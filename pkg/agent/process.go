@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// outcome is what became of a handler run.
+type outcome struct {
+	out       any
+	err       error
+	abandoned bool // the handler ignored cancellation and is still running
+}
+
+// process runs one task message to its end: a published result and an ack,
+// a hand-back, or (lease lost, deadline passed) nothing at all.
+func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
+	received := a.now()
+	var delivery uint64 = 1
+	if md, err := msg.Metadata(); err == nil {
+		delivery = md.NumDelivered
+	}
+	pt, err := decodeTask(msg)
+	if err != nil {
+		a.stats.rejected.Add(1)
+		a.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("delivery", delivery).
+			Msg("terminating a task message that cannot be decoded")
+		a.deadLetter(msg, dlqUndecodable, err.Error())
+		return
+	}
+	log := a.log.With().Str(logging.FieldJob, pt.JobID).Str(logging.FieldStep, pt.StepID).
+		Uint64(logging.FieldEpoch, pt.Epoch).Str("action", pt.Action).Uint64("delivery", delivery).Logger()
+	task := &Task{Task: pt, Delivery: delivery, Log: log}
+
+	p, ok := planTask(received, pt.Deadline, pt.Timeout.Std())
+	if !ok {
+		// Too late to run and report: the step's lease is over and the
+		// supervisor re-dispatches it with a new epoch.
+		a.stats.expired.Add(1)
+		log.Warn().Time("deadline", pt.Deadline).Msg("task arrived after its deadline; dead-lettering it unrun")
+		a.deadLetter(msg, dlqExpired, "deadline "+pt.Deadline.UTC().Format(time.RFC3339Nano)+" passed before the task started")
+		return
+	}
+
+	a.stats.inFlight.Add(1)
+	defer a.stats.inFlight.Add(-1)
+	started := a.now()
+	log.Debug().Time("deadline", pt.Deadline).Msg("task started")
+
+	// The lease keeper lives until the task is acked or abandoned, so that
+	// publishing the result is covered too.
+	hctx, cancelHandler := context.WithCancelCause(workCtx)
+	defer cancelHandler(context.Canceled)
+	keeperCtx, stopKeeper := context.WithCancel(workCtx)
+	keeperDone := make(chan struct{})
+	keeper := newLeaseKeeper(a.nc, msg.Reply(), a.cfg.Lease.Std(), received, p.reportBy, a.now,
+		func() { cancelHandler(ErrLeaseLost) }, log)
+	go func() { defer close(keeperDone); keeper.run(keeperCtx) }()
+	defer func() { stopKeeper(); <-keeperDone }()
+
+	h, allowed := a.allowed[pt.Action]
+	var o outcome
+	if allowed {
+		o = a.runHandler(hctx, p, h, task)
+	} else {
+		o.err = Permanent(fmt.Errorf("unknown action %q (this agent allows: %s)", pt.Action, strings.Join(a.allowedNames, ", ")))
+	}
+	cause := context.Cause(hctx)
+	switch {
+	case errors.Is(cause, ErrLeaseLost):
+		// The task may already run elsewhere: a report could only confuse.
+		a.stats.leaseLost.Add(1)
+		log.Warn().Time("lease_until", keeper.Believed()).Msg("lease lost: abandoning the task without a report")
+		return
+	case o.err != nil && errors.Is(cause, ErrShutdown):
+		log.Info().Msg("cancelled by shutdown: handing the task back")
+		a.handBack(msg)
+		return
+	}
+	if o.err != nil && errors.Is(cause, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {
+		o.err = fmt.Errorf("%w: %w", cause, o.err)
+	}
+	if stack, ok := isPanic(o.err); ok {
+		log.Error().Err(o.err).Bytes("stack", stack).Msg("handler panicked")
+	}
+	res := buildResult(task, a.cfg.ID, started, a.now(), o.out, o.err)
+	a.report(workCtx, msg, p, res, log)
+}
+
+// runHandler runs h under its deadline. A handler that ignores cancellation
+// is waited for a short grace, then reported as failed and left running.
+func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) outcome {
+	if !p.handlerDeadline.IsZero() {
+		cause := ErrDeadline
+		if p.timeoutFirst {
+			cause = fmt.Errorf("%w: step timeout %s", ErrDeadline, t.Timeout)
+		}
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadlineCause(hctx, p.handlerDeadline, cause)
+		defer cancel()
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		out, err := call(hctx, h, t)
+		done <- outcome{out: out, err: err}
+	}()
+	select {
+	case o := <-done:
+		return o
+	case <-hctx.Done():
+	}
+	grace := time.NewTimer(p.grace)
+	defer grace.Stop()
+	select {
+	case o := <-done:
+		return o
+	case <-grace.C:
+		t.Log.Error().Dur("grace", p.grace).Msg("handler ignores cancellation; reporting without it (it keeps running)")
+		return outcome{err: fmt.Errorf("handler did not return after cancellation: %w", context.Cause(hctx)), abandoned: true}
+	}
+}
+
+// term terminates a message that must never be redelivered.
+func (a *Agent) term(msg jetstream.Msg, reason string) {
+	if err := msg.TermWithReason(reason); err != nil {
+		a.log.Warn().Err(err).Msg("term failed; the message comes back after the lease")
+	}
+}
+
+// logResult logs a reported result at a level matching its status.
+func logResult(log zerolog.Logger, r protocol.Result) {
+	ev := log.Info()
+	if r.Status == protocol.ResultFailed {
+		ev = log.Warn().Str("error", r.Error).Str("error_class", r.ErrorClass)
+	}
+	ev.Str("status", r.Status).Dur("took", r.FinishedAt.Sub(r.StartedAt)).Msg("task reported")
+}

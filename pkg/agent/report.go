@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// maxPublishWait bounds reporting a step that has no deadline.
+const maxPublishWait = 30 * time.Second
+
+// report publishes the result and, only once the server stored it (PubAck),
+// acks the task: a task is never lost between the two. Nothing is published
+// at or after the step's deadline.
+func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res protocol.Result, log zerolog.Logger) {
+	// A finished result is worth reporting even while shutting down.
+	ctx := context.WithoutCancel(workCtx)
+	var cancel context.CancelFunc
+	if p.reportBy.IsZero() {
+		ctx, cancel = context.WithTimeout(ctx, maxPublishWait)
+	} else {
+		ctx, cancel = context.WithDeadline(ctx, p.reportBy)
+	}
+	defer cancel()
+
+	m, err := resultMsg(res)
+	if err != nil {
+		log.Error().Err(err).Msg("encode result")
+		return
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		if p.late(a.now()) {
+			a.stats.expired.Add(1)
+			log.Warn().Time("deadline", p.reportBy).Str("status", res.Status).
+				Msg("deadline passed before the result was stored: not reporting; the supervisor re-dispatches")
+			a.deadLetter(msg, dlqExpired, "deadline passed before the "+res.Status+" result was stored")
+			return
+		}
+		if ctx.Err() != nil {
+			log.Error().Str("status", res.Status).Msg("result not stored in time: leaving the task to redelivery")
+			return
+		}
+		_, err = a.js.PublishMsg(ctx, m)
+		if err == nil {
+			break
+		}
+		log.Warn().Err(err).Msg("publish result failed; retrying")
+		sleepCtx(ctx, backoff) // a cut-short sleep ends the loop at the checks above
+		backoff = min(2*backoff, time.Second)
+	}
+	if res.Status == protocol.ResultSucceeded {
+		a.stats.succeeded.Add(1)
+	} else {
+		a.stats.failed.Add(1)
+	}
+	logResult(log, res)
+
+	actx, acancel := context.WithTimeout(context.WithoutCancel(workCtx), setupTimeout)
+	defer acancel()
+	if err := msg.DoubleAck(actx); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		// The result is stored; a redelivery re-runs the step and its
+		// result is deduplicated or fenced by epoch.
+		log.Warn().Err(err).Msg("ack after result failed")
+	}
+}
+
+// resultMsg builds the result message with its headers and dedup id.
+func resultMsg(r protocol.Result) (*nats.Msg, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg(protocol.ResultSubject(r.JobID, r.StepID))
+	m.Data = b
+	m.Header.Set(protocol.HeaderJob, r.JobID)
+	m.Header.Set(protocol.HeaderStep, r.StepID)
+	m.Header.Set(protocol.HeaderEpoch, strconv.FormatUint(r.Epoch, 10))
+	m.Header.Set(protocol.HeaderAgent, r.Agent)
+	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(r.JobID, r.StepID, r.Epoch))
+	return m, nil
+}

@@ -1,0 +1,192 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/natsconn"
+	"github.com/wardenhq/warden/pkg/presence"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// setupTimeout bounds each start-up and shutdown call to the server.
+const setupTimeout = 10 * time.Second
+
+// Run connects, ensures the agent's consumer, announces its presence and
+// runs tasks until ctx ends; then it drains: presence says draining, no new
+// task is fetched, in-flight tasks get DrainTimeout to finish, the rest are
+// cancelled and handed back, and the presence key is deleted. Run returns
+// nil after a drain caused by ctx, a *presence.DuplicateError (wrapped) if
+// another live agent holds this id, or the start-up error. Run may be called
+// once.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.resolveActions(); err != nil {
+		return err
+	}
+	a.startedAt = a.now().UTC()
+	a.host = hostname()
+	a.shard = protocol.Shard(a.cfg.Pool, a.cfg.ID, a.cfg.TaskShards)
+	if a.nc == nil {
+		opts := a.cfg.NATS
+		opts.Name = "warden-agent " + a.cfg.Pool + "." + a.cfg.ID
+		nc, _, err := natsconn.Connect(opts, a.log)
+		if err != nil {
+			return err
+		}
+		a.nc, a.ownConn = nc, true
+		defer nc.Close()
+	}
+	js, err := jetstream.New(a.nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	a.js = js
+
+	ann, stopAnnouncer, err := a.start(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: nothing to drain
+		}
+		return err
+	}
+	defer stopAnnouncer()
+	stopMetrics := a.serveMetrics(ctx)
+	defer stopMetrics()
+	close(a.ready)
+	a.log.Info().Str("task_subject", a.TaskSubject()).Strs("actions", a.allowedNames).
+		Int("max_concurrent", a.cfg.MaxConcurrent).Msg("agent ready")
+
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	// Handlers outlive ctx: the drain decides when they are cancelled.
+	workCtx, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopWork(ErrShutdown)
+	var tasks sync.WaitGroup
+	dispatched := make(chan struct{})
+	go func() {
+		defer close(dispatched)
+		a.dispatch(fetchCtx, workCtx, &tasks)
+	}()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		a.log.Info().Msg("stop requested: draining")
+	case <-ann.Done():
+		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, ann.Err())
+		a.log.Error().Err(runErr).Msg("presence lost: draining")
+	}
+	stopFetch()
+	<-dispatched
+	a.drain(ann, &tasks, stopWork)
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
+	defer cancel()
+	if err := ann.Stop(sctx); err != nil {
+		a.log.Warn().Err(err).Msg("presence not deleted; it expires by itself")
+	}
+	if a.ownConn {
+		_ = a.nc.Drain() // flush acks and naks before closing
+	}
+	a.log.Info().Interface("stats", a.Stats()).Msg("agent stopped")
+	return runErr
+}
+
+// start ensures the consumer and announces presence. The returned
+// Announcer heartbeats until Stop, independently of ctx, so that the agent
+// stays visible (as draining) during the drain.
+func (a *Agent) start(ctx context.Context) (*presence.Announcer, context.CancelFunc, error) {
+	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	cons, err := a.ensureConsumer(sctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.cons = cons
+	kv, err := a.js.KeyValue(sctx, protocol.BucketPresence)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil, fmt.Errorf("%w: presence bucket %s does not exist: the scheduler or `warden dev` creates it, start one first",
+			ErrStreamsMissing, protocol.BucketPresence)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("presence bucket: %w", err)
+	}
+	ann, err := presence.NewAnnouncer(kv, presence.AnnouncerConfig{
+		Pool: a.cfg.Pool, ID: a.cfg.ID, Interval: a.cfg.HeartbeatInterval.Std(),
+		Presence: a.presence, Now: a.now, Logger: a.log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Announcing may wait for a crashed run's key to expire (TTL+1s), so it
+	// gets its own bound, and is interrupted when ctx ends.
+	annCtx, annCancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, annCancel)
+	defer stop()
+	if err := ann.Start(annCtx); err != nil {
+		annCancel()
+		return nil, nil, fmt.Errorf("announce presence: %w", err)
+	}
+	return ann, annCancel, nil
+}
+
+// ensureConsumer creates or updates the agent's durable task consumer.
+func (a *Agent) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	name := protocol.TaskStream(a.shard)
+	stream, err := a.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: task stream %s does not exist: the scheduler or `warden dev` creates the streams, "+
+			"start one first (and check that task_shards=%d matches the deployment)", ErrStreamsMissing, name, a.cfg.TaskShards)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("task stream %s: %w", name, err)
+	}
+	cc, err := streams.TaskConsumer(a.shard, a.cfg.Pool, a.cfg.ID, a.cfg.Lease.Std(), a.cfg.MaxDeliver, a.cfg.MaxConcurrent)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("task consumer %s on %s: %w", cc.Durable, name, err)
+	}
+	return cons, nil
+}
+
+// drain marks the agent draining, waits DrainTimeout for in-flight tasks,
+// then cancels the rest (they hand their tasks back) and waits a little more.
+func (a *Agent) drain(ann *presence.Announcer, tasks *sync.WaitGroup, stopWork context.CancelCauseFunc) {
+	a.draining.Store(true)
+	bctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	if err := ann.Beat(bctx); err != nil {
+		a.log.Warn().Err(err).Msg("could not announce draining")
+	}
+	cancel()
+
+	done := make(chan struct{})
+	// This goroutine outlives Run only if a handler ignores cancellation
+	// forever; the process is exiting then anyway.
+	go func() { tasks.Wait(); close(done) }()
+	a.log.Info().Int("in_flight", a.Stats().InFlight).Dur("drain_timeout", a.cfg.DrainTimeout.Std()).Msg("draining")
+	t := time.NewTimer(a.cfg.DrainTimeout.Std())
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	a.log.Warn().Int("in_flight", a.Stats().InFlight).Msg("drain timeout: cancelling handlers and handing their tasks back")
+	stopWork(ErrShutdown)
+	giveUp := time.NewTimer(maxReportMargin + setupTimeout)
+	defer giveUp.Stop()
+	select {
+	case <-done:
+	case <-giveUp.C:
+		a.log.Error().Int("in_flight", a.Stats().InFlight).Msg("handlers ignore cancellation; exiting without them")
+	}
+}

@@ -1,0 +1,65 @@
+package agent
+
+import (
+	"sync/atomic"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Stats are the agent's counters since start.
+type Stats struct {
+	InFlight   int    `json:"in_flight"`
+	Succeeded  uint64 `json:"succeeded"`   // results reported as succeeded
+	Failed     uint64 `json:"failed"`      // results reported as failed
+	LeaseLost  uint64 `json:"lease_lost"`  // tasks abandoned because the lease was not confirmed
+	Rejected   uint64 `json:"rejected"`    // task messages that could not be decoded (terminated)
+	Expired    uint64 `json:"expired"`     // tasks not run or not reported because their deadline passed
+	HandedBack uint64 `json:"handed_back"` // tasks handed back (Nak) at shutdown
+}
+
+type counters struct {
+	inFlight   atomic.Int64
+	succeeded  atomic.Uint64
+	failed     atomic.Uint64
+	leaseLost  atomic.Uint64
+	rejected   atomic.Uint64
+	expired    atomic.Uint64
+	handedBack atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (a *Agent) Stats() Stats {
+	c := &a.stats
+	return Stats{
+		InFlight:   int(c.inFlight.Load()),
+		Succeeded:  c.succeeded.Load(),
+		Failed:     c.failed.Load(),
+		LeaseLost:  c.leaseLost.Load(),
+		Rejected:   c.rejected.Load(),
+		Expired:    c.expired.Load(),
+		HandedBack: c.handedBack.Load(),
+	}
+}
+
+// presence is the value of the next heartbeat.
+func (a *Agent) presence() protocol.Presence {
+	s := a.Stats()
+	return protocol.Presence{
+		ID:            a.cfg.ID,
+		Pool:          a.cfg.Pool,
+		Capabilities:  a.cfg.Capabilities,
+		Actions:       a.allowedNames,
+		Labels:        a.cfg.Labels,
+		MaxConcurrent: a.cfg.MaxConcurrent,
+		InFlight:      s.InFlight,
+		Succeeded:     s.Succeeded,
+		Failed:        s.Failed,
+		Version:       Version,
+		Host:          a.host,
+		PID:           pid,
+		Draining:      a.draining.Load(),
+		TaskStream:    protocol.TaskStream(a.shard),
+		TaskSubject:   protocol.TaskSubject(a.shard, a.cfg.Pool, a.cfg.ID),
+		StartedAt:     a.startedAt,
+	}
+}

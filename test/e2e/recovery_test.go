@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/lease"
+	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/procs"
+)
+
+func (e *env) testAgent(t *testing.T, id, caps, ledger string) *procs.Proc {
+	t.Helper()
+	return procs.Start(t, id, bins["testagent"], "--server", e.srv.URL, "--id", id, "--capabilities", caps, "--ledger", ledger)
+}
+
+func (e *env) step(t *testing.T, job, step string) *jobstore.Step {
+	t.Helper()
+	st, _, err := e.store.Step(context.Background(), job, step)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// events returns the events of a kind stored so far.
+func (e *env) events(t *testing.T, kind string) []protocol.Event {
+	t.Helper()
+	s, err := e.js.Stream(context.Background(), protocol.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.Event
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(300 * time.Millisecond))
+		if err != nil {
+			return out
+		}
+		var ev protocol.Event
+		if json.Unmarshal(m.Data(), &ev) == nil {
+			out = append(out, ev)
+		}
+	}
+}
+
+func ledgerLines(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
+}
+
+func TestAgentKilledMidStepCompletesOnAnother(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ledger := filepath.Join(t.TempDir(), "ledger")
+	procs.Start(t, "scheduler", bins["scheduler"], "--server", e.srv.URL)
+	procs.Start(t, "supervisor", bins["supervisor"], "--server", e.srv.URL)
+	victim := e.testAgent(t, "victim", "x", ledger)
+	natstest.Eventually(t, 10*time.Second, "victim present", func() bool { _, ok := e.presence(t, "victim"); return ok })
+	e.submit(t, "job-kill", "name: k\nsteps: [{id: s, action: ledger, requires: [x], params: {duration: 2s}}]")
+	natstest.Eventually(t, 10*time.Second, "victim runs the step", func() bool { return len(ledgerLines(t, ledger)) == 1 })
+	e.testAgent(t, "rescuer", "x", ledger)
+	natstest.Eventually(t, 10*time.Second, "rescuer present", func() bool { _, ok := e.presence(t, "rescuer"); return ok })
+	victim.Kill() // kill -9 mid-step
+	killed := time.Now()
+	natstest.Eventually(t, 30*time.Second, "step completes on the rescuer", func() bool {
+		st := e.step(t, "job-kill", "s")
+		return st != nil && st.State == jobstore.StepSucceeded
+	})
+	t.Logf("completed %s after the kill", time.Since(killed).Round(time.Millisecond))
+	st := e.step(t, "job-kill", "s")
+	if st.Actor != "rescuer" || st.TransferredFrom != "victim" || st.Epoch != 2 || st.Attempts[0].Status != "transferred" {
+		raw, _ := json.Marshal(st)
+		t.Fatalf("step record: %s", raw)
+	}
+	var rec protocol.Event
+	natstest.Eventually(t, 5*time.Second, "failover event", func() bool {
+		for _, ev := range e.events(t, "failover") {
+			if ev.Agent == "victim" {
+				rec = ev
+				return true
+			}
+		}
+		return false
+	})
+	if rec.Data["outcome"] != "transferred" || rec.Data["targets"] != "rescuer" || rec.Data["tasks_moved"] != "1" ||
+		rec.Data["failover_id"] == "" || rec.Data["duration"] == "" {
+		t.Fatalf("failover record %+v", rec.Data)
+	}
+	t.Logf("failover record: %v", rec.Data)
+	lines := ledgerLines(t, ledger)
+	if len(lines) != 2 || !strings.HasSuffix(lines[0], " 1 victim") || !strings.HasSuffix(lines[1], " 2 rescuer") {
+		t.Fatalf("ledger %q", lines)
+	}
+}
+
+func TestSupervisorLeaderKilledStandbyActs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ledger := filepath.Join(t.TempDir(), "ledger")
+	const ttl = 5 * time.Second // the supervisor's default lease_ttl
+	procs.Start(t, "scheduler", bins["scheduler"], "--server", e.srv.URL)
+	sups := map[string]*procs.Proc{
+		"sup-a": procs.Start(t, "sup-a", bins["supervisor"], "--server", e.srv.URL, "--id", "sup-a"),
+		"sup-b": procs.Start(t, "sup-b", bins["supervisor"], "--server", e.srv.URL, "--id", "sup-b"),
+	}
+	kv, err := e.js.KeyValue(context.Background(), protocol.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := func() lease.Holder {
+		var h lease.Holder
+		if entry, err := kv.Get(context.Background(), "supervisor"); err == nil {
+			_ = json.Unmarshal(entry.Value(), &h)
+		}
+		return h
+	}
+	natstest.Eventually(t, 10*time.Second, "a leader", func() bool { return holder().ID != "" })
+	first := holder().ID
+	standby := "sup-b"
+	if first == "sup-b" {
+		standby = "sup-a"
+	}
+	sups[first].WaitOutput(t, "leading", 5*time.Second)
+
+	// Work for the new leader: an agent holding a step dies with the leader.
+	victim := e.testAgent(t, "victim", "x", ledger)
+	natstest.Eventually(t, 10*time.Second, "victim present", func() bool { _, ok := e.presence(t, "victim"); return ok })
+	e.submit(t, "job-takeover", "name: t\nsteps: [{id: s, action: ledger, requires: [x], params: {duration: 60s}}]")
+	natstest.Eventually(t, 10*time.Second, "victim runs the step", func() bool { return len(ledgerLines(t, ledger)) == 1 })
+	e.testAgent(t, "rescuer", "x", ledger)
+	natstest.Eventually(t, 10*time.Second, "rescuer present", func() bool { _, ok := e.presence(t, "rescuer"); return ok })
+
+	sups[first].Kill()
+	victim.Kill()
+	killed := time.Now()
+	natstest.Eventually(t, ttl+5*time.Second, "standby takes the lease", func() bool { return holder().ID == standby })
+	took := time.Since(killed)
+	t.Logf("standby %s took over %s after the leader was killed (ttl %s)", standby, took.Round(time.Millisecond), ttl)
+	if took > ttl+time.Second {
+		t.Errorf("takeover took %s, more than ttl + 1s", took)
+	}
+	// The new leader acts: it fails the dead agent over.
+	natstest.Eventually(t, 15*time.Second, "new leader moves the victim's step", func() bool {
+		st := e.step(t, "job-takeover", "s")
+		return st != nil && st.Actor == "rescuer" && st.TransferredFrom == "victim"
+	})
+	sups[standby].WaitOutput(t, `"message":"failover"`, 5*time.Second)
+}
+
+func TestPoisonTaskIsDeadLetteredAndRetried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ledger := filepath.Join(t.TempDir(), "ledger")
+	procs.Start(t, "scheduler", bins["scheduler"], "--server", e.srv.URL)
+	procs.Start(t, "supervisor", bins["supervisor"], "--server", e.srv.URL)
+	ids := []string{"p1", "p2"}
+	agents := map[string]*procs.Proc{}
+	for _, id := range ids {
+		agents[id] = e.testAgent(t, id, "x", ledger)
+	}
+	// Like systemd, restart whatever the poison kills, until the test ends.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	restarted := make(chan *procs.Proc, 100)
+	go func() {
+		for ctx.Err() == nil {
+			for _, id := range ids {
+				if !agents[id].Running() {
+					agents[id] = e.testAgent(t, id, "x", ledger)
+					restarted <- agents[id]
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	e.submit(t, "job-poison", "name: p\nsteps: [{id: s, action: crash, requires: [x]}, {id: then, action: ledger, depends_on: [s]}]")
+	natstest.Eventually(t, 90*time.Second, "poison step dead-lettered", func() bool {
+		st := e.step(t, "job-poison", "s")
+		return st != nil && st.State == jobstore.StepDeadLettered
+	})
+	crashes := len(ledgerLines(t, ledger))
+	st := e.step(t, "job-poison", "s")
+	t.Logf("dead-lettered after %d executions: %s", crashes, st.LastError)
+	if !strings.Contains(st.LastError, "poison") {
+		t.Errorf("last error %q does not say poison", st.LastError)
+	}
+	s, _ := e.js.Stream(context.Background(), protocol.StreamDLQ)
+	info, _ := s.Info(context.Background())
+	if info.State.Msgs != 1 {
+		t.Fatalf("%d dead letters, want 1", info.State.Msgs)
+	}
+	letter, err := s.GetMsg(context.Background(), info.State.FirstSeq)
+	if err != nil || letter.Header.Get(protocol.HeaderStep) != "s" || letter.Header.Get(protocol.HeaderDLQReason) != "poison" {
+		t.Fatalf("dead letter %v: %v", letter, err)
+	}
+
+	// The operator fixes the cause and retries it with the CLI.
+	if err := os.WriteFile(ledger+".fixed", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cli := procs.Start(t, "warden dlq retry", bins["warden"], "--server", e.srv.URL, "dlq", "retry", itoa(info.State.FirstSeq))
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	if code, err := cli.Wait(wctx); err != nil || code != 0 {
+		t.Fatalf("warden dlq retry: code %d %v\n%s", code, err, cli.Output())
+	}
+	t.Logf("warden dlq retry printed: %s", strings.TrimSpace(cli.Output()))
+	natstest.Eventually(t, 30*time.Second, "retried job succeeds", func() bool {
+		j, _, err := e.store.Job(context.Background(), "job-poison")
+		return err == nil && j.State == jobstore.JobSucceeded
+	})
+	if info, _ := s.Info(context.Background()); info.State.Msgs != 0 {
+		t.Errorf("%d dead letters left after the retry", info.State.Msgs)
+	}
+}
+
+func itoa(n uint64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
