@@ -186,6 +186,13 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		return err
 	}
 	for _, c := range kvs {
+		// A process that does not own a TTL (a scheduler, for the leases
+		// bucket) must not reset the owner's setting to the file's default.
+		if (c.Bucket == protocol.BucketLeases && opts.LeaseTTL == 0) || (c.Bucket == protocol.BucketPresence && opts.PresenceTTL == 0) {
+			if _, err := js.KeyValue(ctx, c.Bucket); err == nil {
+				continue
+			}
+		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
 			if isAPIError(err) {
 				return &IncompatibleError{Name: "KV_" + c.Bucket, Err: err}

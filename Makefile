@@ -1,0 +1,58 @@
+# Warden. `make run` builds everything and starts the whole system locally;
+# `make test` runs every test. Nothing but Go is needed (and Docker for
+# `make images`).
+
+GO      ?= go
+BIN     ?= bin
+CMDS    := scheduler supervisor agent warden
+IMAGES  := $(CMDS) nats-server
+TAG     ?= dev
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+DEMO    ?= examples/deploy.yaml
+
+.PHONY: all build run test lint bench images chaos clean
+
+all: build
+
+# Static binaries (CGO_ENABLED=0) so that they run FROM scratch; the
+# nats-server binary is built from the module version pinned in go.mod.
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/nats-server github.com/nats-io/nats-server/v2
+
+# The whole system on an embedded NATS server (data in ./.warden): submits
+# the demo job, follows it to the end, keeps running until Ctrl-C.
+run: build
+	$(BIN)/warden dev --demo $(DEMO)
+
+# Must stay under 10 minutes on 2 cores.
+test:
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+lint:
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+# FROM scratch images of the static binaries (no base image can be pulled).
+images: build
+	@for b in $(IMAGES); do \
+		echo "docker build warden/$$b:$(TAG)"; \
+		docker build --build-arg BINARY=$$b -t warden/$$b:$(TAG) . || exit 1; \
+	done
+
+# Fault-injection tests (agent kills, partitions, server restarts) live in
+# test/ under names matching Chaos.
+chaos:
+	@if [ -d test ]; then \
+		$(GO) test -race -count=1 -timeout 9m -run Chaos ./test/...; \
+	else \
+		echo "no chaos tests yet: test/ does not exist"; \
+	fi
+
+clean:
+	rm -rf $(BIN) .warden

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/natsconn"
+)
+
+// app holds what every command shares: streams and global flags.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	server  string
+	creds   string
+	json    bool
+	timeout time.Duration
+
+	// started is set once a command's own code runs, so that errors before
+	// that (cobra's parsing) are reported as usage errors.
+	started bool
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "warden",
+		Short: "Submit and inspect Warden jobs, list agents, run Warden locally",
+		Long: `warden talks to a Warden deployment through NATS.
+
+The server comes from --server or NATS_URL (default ` + natsconn.DefaultURL + `),
+credentials from --creds or NATS_CREDS, as with the nats CLI.
+
+Exit codes: 0 ok, 1 job failed or cancelled (submit --wait), 2 usage error or
+invalid spec, 3 not found, 4 NATS, connection or timeout error.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			a.started = true
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
+	f := root.PersistentFlags()
+	f.StringVar(&a.server, "server", "", "NATS server URL(s) (default $NATS_URL or "+natsconn.DefaultURL+")")
+	f.StringVar(&a.creds, "creds", "", "NATS credentials file (default $NATS_CREDS)")
+	f.BoolVar(&a.json, "json", false, "print machine-readable JSON")
+	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "bound on each NATS operation, and on the wait for the scheduler's reply to a submission")
+
+	root.AddCommand(a.submitCommand(), a.jobsCommand(), a.jobCommand(), a.agentsCommand(), a.devCommand())
+	return root
+}
+
+// connect opens a client with the global flags.
+func (a *app) connect() (*client.Client, error) {
+	c, err := client.Connect(
+		natsconn.Options{URL: a.server, Creds: a.creds, Name: "warden-cli"},
+		client.Options{ReplyTimeout: a.timeout},
+	)
+	if err != nil {
+		return nil, &exitError{code: exitUnavailable, err: err}
+	}
+	return c, nil
+}
+
+// opContext bounds one inspection by --timeout.
+func (a *app) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if a.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+// exactArgs is cobra.ExactArgs reporting a usage error.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError("%s: %v", cmd.CommandPath(), err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// run executes the CLI with args and returns the process exit code. It is
+// the whole program but for signal handling, so tests run it in-process.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err != nil && !a.started {
+		// Cobra failed before any command ran: unknown command, bad
+		// arguments or flags.
+		err = &exitError{code: exitUsage, err: err}
+	}
+	code := exitCode(err)
+	a.report(err, code)
+	return code
+}
+
+// report prints a failed command's error on stderr: text, or with --json a
+// JSON object scripts can parse.
+func (a *app) report(err error, code int) {
+	var ee *exitError
+	if err == nil || (errors.As(err, &ee) && ee.err == nil) {
+		return
+	}
+	if a.json {
+		_ = writeJSON(a.stderr, struct {
+			Error    string `json:"error"`
+			Reason   string `json:"reason,omitempty"`
+			ExitCode int    `json:"exit_code"`
+		}{err.Error(), spec.ReasonOf(err), code})
+		return
+	}
+	fmt.Fprintf(a.stderr, "warden: %v\n", err)
+	if code == exitUsage && errors.Is(err, errUsage) {
+		fmt.Fprintln(a.stderr, "Run 'warden --help' for usage.")
+	}
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/spf13/cobra"
+
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+type submitFlags struct {
+	file        string
+	wait        bool
+	waitTimeout time.Duration
+}
+
+func (a *app) submitCommand() *cobra.Command {
+	var f submitFlags
+	cmd := &cobra.Command{
+		Use:   "submit [-f FILE|-] [--wait]",
+		Short: "Submit a job spec (YAML or JSON) from a file or stdin",
+		Long: `Submit validates the job spec locally, publishes it to warden.submit and
+prints the job id once the server has durably accepted it (PubAck) and the
+scheduler has confirmed it. With --wait it follows the job live and exits 0
+only if the job succeeded (1 if it failed or was cancelled).
+
+A spec with an idempotency_key always names the same job: submitting it again
+prints the existing job's id.`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.submit(cmd.Context(), f) },
+	}
+	cmd.Flags().StringVarP(&f.file, "file", "f", "", "job spec file, or - for stdin (default stdin)")
+	cmd.Flags().BoolVar(&f.wait, "wait", false, "follow the job to its end; exit 0 only if it succeeded")
+	cmd.Flags().DurationVar(&f.waitTimeout, "wait-timeout", 0, "with --wait, give up after this long (exit 4); 0 waits until the job ends")
+	return cmd
+}
+
+func (a *app) submit(ctx context.Context, f submitFlags) error {
+	body, err := a.readSpec(f.file)
+	if err != nil {
+		return err
+	}
+	// Validate before connecting: an invalid spec is the caller's problem
+	// (exit 2) whether or not a server is reachable. Submit checks again.
+	if _, err := spec.Parse(body, spec.Limits{}); err != nil {
+		return err
+	}
+	c, err := a.connect()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	rctx, cancel := context.WithTimeout(ctx, a.timeout+5*time.Second)
+	defer cancel()
+	receipt, err := c.Submit(rctx, body, client.SubmitOptions{})
+	if err != nil {
+		return err
+	}
+	if !a.json {
+		a.printReceipt(receipt)
+	}
+	if !f.wait {
+		if a.json {
+			return writeJSON(a.stdout, receipt)
+		}
+		return nil
+	}
+
+	wctx := ctx
+	if f.waitTimeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
+		defer cancel()
+	}
+	// In JSON mode stdout carries one document; progress goes to stderr.
+	progress := a.stdout
+	if a.json {
+		progress = a.stderr
+	}
+	p := newProgress(progress)
+	job, err := c.Follow(wctx, receipt.JobID, p.update)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		d, err := c.Job(ctx, job.ID)
+		if err != nil {
+			return err
+		}
+		if err := writeJSON(a.stdout, struct {
+			Receipt client.Receipt `json:"receipt"`
+			client.JobDetail
+		}{receipt, d}); err != nil {
+			return err
+		}
+	}
+	if job.State != jobstore.JobSucceeded {
+		return &exitError{code: exitJobFailed}
+	}
+	return nil
+}
+
+func (a *app) printReceipt(r client.Receipt) {
+	switch {
+	case r.Existing:
+		fmt.Fprintf(a.stdout, "job %s (%s) already exists: this spec's idempotency key was submitted before\n", r.JobID, r.Name)
+	case r.Confirmed:
+		fmt.Fprintf(a.stdout, "job %s (%s) accepted\n", r.JobID, r.Name)
+	default:
+		fmt.Fprintf(a.stdout, "job %s (%s) accepted\n", r.JobID, r.Name)
+		fmt.Fprintf(a.stderr, "warning: no scheduler confirmed job %s within %s; it is stored in %s and will run when a scheduler is up\n",
+			r.JobID, a.timeout, r.Stream)
+	}
+}
+
+// readSpec reads the spec from a file, or stdin for "-" or no file.
+func (a *app) readSpec(file string) ([]byte, error) {
+	if file != "" && file != "-" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, usageError("read job spec: %v", err)
+		}
+		return b, nil
+	}
+	if f, ok := a.stdin.(*os.File); ok && file == "" && isatty.IsTerminal(f.Fd()) {
+		return nil, usageError("no job spec: pass -f FILE, or pipe the spec to stdin")
+	}
+	b, err := io.ReadAll(a.stdin)
+	if err != nil {
+		return nil, usageError("read job spec from stdin: %v", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,182 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/streams"
+)
+
+const diamond = `
+name: deploy
+steps:
+  - {id: fetch, action: echo}
+  - {id: test, action: echo, depends_on: [fetch]}
+  - {id: lint, action: echo, depends_on: [fetch]}
+  - {id: release, action: echo, depends_on: [test, lint]}
+`
+
+type bundle struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	client *client.Client
+	store  *jobstore.Store
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	st, err := jobstore.Open(ctx(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bundle{nc: nc, js: js, client: client.New(js, client.Options{ReplyTimeout: 200 * time.Millisecond}), store: st}
+}
+
+func ctx(t *testing.T) context.Context {
+	t.Helper()
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func submitted(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	s, err := js.Stream(ctx(t), protocol.StreamSubmit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestSubmitInvalidSpecPublishesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cyclic := "name: x\nsteps:\n- {id: a, action: echo, depends_on: [b]}\n- {id: b, action: echo, depends_on: [a]}\n"
+	_, err := b.client.Submit(ctx(t), []byte(cyclic), client.SubmitOptions{})
+	if !errors.Is(err, spec.ErrInvalid) || spec.ReasonOf(err) != spec.ReasonCycle {
+		t.Fatalf("got %v, want a cycle validation error", err)
+	}
+	if n := submitted(t, b.js); n != 0 {
+		t.Fatalf("%d submissions stored, want 0", n)
+	}
+}
+
+func TestSubmitIdempotencyKeyTwiceIsOneJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	withKey := []byte("idempotency_key: release-7\n" + diamond)
+	first, err := b.client.Submit(ctx(t), withKey, client.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.JobID != protocol.JobIDForKey("release-7") || first.Existing {
+		t.Fatalf("first receipt %+v", first)
+	}
+	if first.Confirmed {
+		t.Fatalf("no scheduler runs, yet the submission is confirmed: %+v", first)
+	}
+	second, err := b.client.Submit(ctx(t), withKey, client.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.JobID != first.JobID || !second.Existing {
+		t.Fatalf("second receipt %+v, want existing %s", second, first.JobID)
+	}
+	if n := submitted(t, b.js); n != 1 {
+		t.Fatalf("%d submissions stored, want 1", n)
+	}
+}
+
+func TestSubmitWithoutKeyGetsFreshIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r1, err := b.client.Submit(ctx(t), []byte(diamond), client.SubmitOptions{NoReply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.client.Submit(ctx(t), []byte(diamond), client.SubmitOptions{NoReply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.JobID == r2.JobID || !protocol.ValidToken(r1.JobID) {
+		t.Fatalf("ids %q %q", r1.JobID, r2.JobID)
+	}
+}
+
+// answer plays the scheduler's side of the submission protocol once: it
+// takes the next submission and replies with what reply returns.
+func answer(t *testing.T, b bundle, reply func(m jetstream.Msg) protocol.SubmitReply) {
+	t.Helper()
+	c, err := b.js.CreateOrUpdateConsumer(ctx(t), protocol.StreamSubmit, jetstream.ConsumerConfig{Durable: "test", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		m, err := c.Next(jetstream.FetchMaxWait(10 * time.Second))
+		if err != nil {
+			return
+		}
+		body, _ := json.Marshal(reply(m))
+		_ = b.nc.Publish(m.Headers().Get(protocol.HeaderReplyTo), body)
+		_ = m.Ack()
+	}()
+}
+
+func TestSubmitConfirmedByScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answer(t, b, func(m jetstream.Msg) protocol.SubmitReply {
+		return protocol.SubmitReply{JobID: m.Headers().Get(protocol.HeaderJobID)}
+	})
+	r, err := b.client.Submit(ctx(t), []byte(diamond), client.SubmitOptions{ReplyTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Confirmed || r.Existing || r.Name != "deploy" {
+		t.Fatalf("receipt %+v", r)
+	}
+}
+
+func TestSubmitRejectedByScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answer(t, b, func(m jetstream.Msg) protocol.SubmitReply {
+		return protocol.SubmitReply{JobID: m.Headers().Get(protocol.HeaderJobID), Error: "invalid job spec: too_large: 3 steps, the limit is 2"}
+	})
+	_, err := b.client.Submit(ctx(t), []byte(diamond), client.SubmitOptions{ReplyTimeout: 10 * time.Second})
+	var rej *client.RejectedError
+	if !errors.As(err, &rej) || !errors.Is(err, client.ErrRejected) {
+		t.Fatalf("got %v, want a RejectedError", err)
+	}
+	if rej.Reason != "invalid job spec: too_large: 3 steps, the limit is 2" {
+		t.Fatalf("reason %q", rej.Reason)
+	}
+}
+
+func TestSubmitWithoutStreamsFails(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	_, err := client.New(js, client.Options{}).Submit(ctx(t), []byte(diamond), client.SubmitOptions{})
+	if !errors.Is(err, client.ErrNoSubmitStream) {
+		t.Fatalf("got %v, want ErrNoSubmitStream", err)
+	}
+}

@@ -1,0 +1,15 @@
+// Package client is Warden's Go client: what the warden CLI uses and what a
+// program embeds to submit jobs and watch them. It speaks only the public
+// protocol (package protocol, docs/protocol.md); nothing here is privileged.
+//
+// Guarantees:
+//   - Submit validates the spec locally first: an invalid spec is reported
+//     with its reason and nothing is published.
+//   - A Submit that returns without error has been durably accepted: the
+//     server acknowledged the publish on WARDEN_SUBMIT (PubAck). Whether the
+//     scheduler has confirmed it yet is reported separately
+//     (Receipt.Confirmed), because the job runs either way.
+//   - A resubmission with the same idempotency key returns the same job id.
+//   - Follow never polls: it watches the job's keys in the job store and
+//     returns as soon as the job record is terminal.
+package client

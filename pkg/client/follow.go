@@ -1,0 +1,140 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Update is one change Follow saw.
+type Update struct {
+	// Job is the job record, nil until the scheduler has written it.
+	Job *jobstore.Job
+	// Steps are the job's steps known so far, in spec order.
+	Steps []*jobstore.Step
+	// Step is the step whose record changed, nil when the job record
+	// changed or for the initial snapshot.
+	Step *jobstore.Step
+	// Initial is true for the first call, made with the state the store
+	// held when the watch started.
+	Initial bool
+}
+
+// Follow watches a job until its record is terminal and returns that final
+// record. onUpdate, if not nil, is called (from Follow's goroutine) with the
+// initial state and then after every change to the job or one of its steps.
+//
+// A job that does not exist yet is waited for: a submission is accepted
+// before the scheduler writes the record. Bound the wait with ctx.
+func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)) (*jobstore.Job, error) {
+	if !protocol.ValidToken(jobID) {
+		return nil, fmt.Errorf("job %q: %w", jobID, ErrNotFound)
+	}
+	st, err := c.store(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the watcher's consumer
+	w, err := st.KV().WatchFiltered(ctx, []string{protocol.JobKey(jobID), protocol.StepKeysFilter(jobID)})
+	if err != nil {
+		return nil, fmt.Errorf("watch job %s: %w", jobID, err)
+	}
+	defer func() { _ = w.Stop() }()
+
+	f := follower{steps: map[string]*jobstore.Step{}}
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return f.job, fmt.Errorf("following job %s: %w", jobID, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return f.job, fmt.Errorf("following job %s: %w", jobID, ErrWatchClosed)
+			}
+			if e == nil { // end of the initial values
+				initial = false
+				if onUpdate != nil {
+					onUpdate(Update{Job: f.job, Steps: f.ordered(), Initial: true})
+				}
+				if f.job != nil && f.job.State.Terminal() {
+					return f.job, nil
+				}
+				continue
+			}
+			changed, err := f.apply(e)
+			if err != nil {
+				return f.job, fmt.Errorf("following job %s: %w", jobID, err)
+			}
+			if initial {
+				continue
+			}
+			if onUpdate != nil {
+				onUpdate(Update{Job: f.job, Steps: f.ordered(), Step: changed})
+			}
+			if f.job != nil && f.job.State.Terminal() {
+				return f.job, nil
+			}
+		}
+	}
+}
+
+// follower is the picture Follow builds from the watch.
+type follower struct {
+	job   *jobstore.Job
+	steps map[string]*jobstore.Step
+}
+
+// apply folds one entry in and returns the step it changed, if any.
+func (f *follower) apply(e jetstream.KeyValueEntry) (*jobstore.Step, error) {
+	deleted := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+	if strings.HasPrefix(e.Key(), "job.") {
+		if deleted {
+			return nil, fmt.Errorf("job record deleted: %w", ErrNotFound)
+		}
+		var j jobstore.Job
+		if err := json.Unmarshal(e.Value(), &j); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
+		}
+		f.job = &j
+		return nil, nil
+	}
+	if deleted {
+		return nil, nil
+	}
+	var s jobstore.Step
+	if err := json.Unmarshal(e.Value(), &s); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
+	}
+	f.steps[s.ID] = &s
+	return &s, nil
+}
+
+// ordered returns the steps in spec order once the job is known, by id
+// before that.
+func (f *follower) ordered() []*jobstore.Step {
+	out := make([]*jobstore.Step, 0, len(f.steps))
+	if f.job != nil {
+		for _, sp := range f.job.Spec.Steps {
+			if s, ok := f.steps[sp.ID]; ok {
+				out = append(out, s)
+			}
+		}
+		if len(out) == len(f.steps) {
+			return out
+		}
+		out = out[:0]
+	}
+	for _, s := range f.steps {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}

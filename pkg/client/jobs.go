@@ -1,0 +1,138 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// JobSummary is a job with counts of its steps, as `warden jobs ls` shows it.
+type JobSummary struct {
+	*jobstore.Job
+	// StepsDone counts steps in a terminal state (succeeded, failed,
+	// skipped, cancelled, dead-lettered).
+	StepsDone int `json:"steps_done"`
+	// StepsTotal is the number of steps in the spec.
+	StepsTotal int `json:"steps_total"`
+}
+
+// JobFilter narrows Jobs.
+type JobFilter struct {
+	// State keeps only jobs in this state; empty keeps all.
+	State jobstore.JobState
+}
+
+// Jobs lists jobs, newest first. It reads the store in one pass (one watch
+// over job and step keys) rather than one request per job.
+func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
+	st, err := c.store(ctx)
+	if err != nil {
+		return nil, err
+	}
+	jobs := map[string]*jobstore.Job{}
+	done := map[string]int{}
+	err = snapshot(ctx, st.KV(), []string{"job.*", "step.*.*"}, func(e jetstream.KeyValueEntry) error {
+		if strings.HasPrefix(e.Key(), "job.") {
+			var j jobstore.Job
+			if err := json.Unmarshal(e.Value(), &j); err != nil {
+				return fmt.Errorf("decode %s: %w", e.Key(), err)
+			}
+			jobs[j.ID] = &j
+			return nil
+		}
+		var s jobstore.Step
+		if err := json.Unmarshal(e.Value(), &s); err != nil {
+			return fmt.Errorf("decode %s: %w", e.Key(), err)
+		}
+		if s.State.Terminal() {
+			done[s.JobID]++
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	out := make([]JobSummary, 0, len(jobs))
+	for id, j := range jobs {
+		if f.State != "" && j.State != f.State {
+			continue
+		}
+		out = append(out, JobSummary{Job: j, StepsDone: done[id], StepsTotal: len(j.Spec.Steps)})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// JobDetail is a job with its steps in spec order.
+type JobDetail struct {
+	Job   *jobstore.Job    `json:"job"`
+	Steps []*jobstore.Step `json:"steps"`
+}
+
+// Job reads one job and its steps. ErrNotFound if there is no such job.
+func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
+	if !protocol.ValidToken(id) {
+		return JobDetail{}, fmt.Errorf("job %q: %w", id, ErrNotFound)
+	}
+	st, err := c.store(ctx)
+	if err != nil {
+		return JobDetail{}, err
+	}
+	j, _, err := st.Job(ctx, id)
+	if errors.Is(err, jobstore.ErrNotFound) {
+		return JobDetail{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return JobDetail{}, err
+	}
+	vs, err := st.Steps(ctx, j)
+	if err != nil {
+		return JobDetail{}, err
+	}
+	d := JobDetail{Job: j, Steps: make([]*jobstore.Step, 0, len(vs))}
+	for _, s := range vs {
+		d.Steps = append(d.Steps, s.Step)
+	}
+	return d, nil
+}
+
+// snapshot calls fn with the current value of every key matching filters,
+// using a watch that stops at the end of the initial values.
+func snapshot(ctx context.Context, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return ErrWatchClosed
+			}
+			if e == nil {
+				return nil
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// SubmitOptions tune one submission.
+type SubmitOptions struct {
+	// ReplyTimeout overrides Options.ReplyTimeout for this call.
+	ReplyTimeout time.Duration
+	// NoReply skips waiting for the scheduler's reply: the PubAck alone is
+	// the acceptance, and Receipt.Confirmed is false.
+	NoReply bool
+}
+
+// Receipt is what Submit learned about an accepted submission.
+type Receipt struct {
+	JobID string `json:"job_id"`
+	// Name is the job's name from the spec.
+	Name string `json:"name"`
+	// Existing is true when the job already existed: the server dropped the
+	// publish as a duplicate of the same idempotency key, or the scheduler
+	// found the job already materialised.
+	Existing bool `json:"existing"`
+	// Confirmed is true when the scheduler replied that it took the job.
+	// False means only the server's PubAck is known (the reply timed out or
+	// was not asked for); the job is durably accepted all the same and a
+	// scheduler will materialise it when one runs.
+	Confirmed bool `json:"confirmed"`
+	// Stream and Sequence locate the submission in WARDEN_SUBMIT.
+	Stream   string `json:"stream"`
+	Sequence uint64 `json:"sequence"`
+}
+
+// Submit validates a job spec (YAML or JSON), publishes it to the submit
+// subject and waits, bounded, for the scheduler's verdict.
+//
+// Errors: a *spec.ValidationError (errors.Is spec.ErrInvalid) when the spec
+// is invalid, in which case nothing was published; a *RejectedError when the
+// scheduler refused it; ErrNoSubmitStream or a NATS error when the server
+// did not accept it. A scheduler that does not answer in time is not an
+// error: the Receipt says Confirmed false.
+func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) (Receipt, error) {
+	job, err := spec.Parse(specBytes, c.opts.Limits)
+	if err != nil {
+		return Receipt{}, err
+	}
+	r := Receipt{Name: job.Name, JobID: protocol.NewJobID()}
+	msgID := r.JobID
+	if job.IdempotencyKey != "" {
+		// Every submitter derives the same id from the key, so the
+		// scheduler and any resubmission agree on it.
+		r.JobID = protocol.JobIDForKey(job.IdempotencyKey)
+		msgID = job.IdempotencyKey
+	}
+
+	msg := nats.NewMsg(protocol.SubjectSubmit)
+	msg.Data = specBytes
+	msg.Header.Set(protocol.HeaderJobID, r.JobID)
+	msg.Header.Set(protocol.HeaderMsgID, msgID)
+
+	// Subscribe before publishing: the scheduler may answer before
+	// PublishMsg returns, and a reply to an inbox nobody listens on is lost.
+	var sub *nats.Subscription
+	if !o.NoReply {
+		inbox := c.nc.NewRespInbox()
+		sub, err = c.nc.SubscribeSync(inbox)
+		if err != nil {
+			return Receipt{}, fmt.Errorf("subscribe to reply inbox: %w", err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		msg.Header.Set(protocol.HeaderReplyTo, inbox)
+	}
+
+	ack, err := c.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(protocol.StreamSubmit))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			return Receipt{}, fmt.Errorf("submit job %s: %w (has a scheduler or `warden dev` created the streams?)", r.JobID, ErrNoSubmitStream)
+		}
+		return Receipt{}, fmt.Errorf("submit job %s: %w", r.JobID, err)
+	}
+	r.Stream, r.Sequence = ack.Stream, ack.Sequence
+	if ack.Duplicate {
+		// The stream dropped the message: the scheduler will never see it
+		// and so will never reply. The first submission is the job.
+		r.Existing = true
+		return r, nil
+	}
+	if o.NoReply {
+		return r, nil
+	}
+
+	timeout := o.ReplyTimeout
+	if timeout <= 0 {
+		timeout = c.opts.ReplyTimeout
+	}
+	reply, ok, err := waitReply(ctx, sub, timeout)
+	if err != nil || !ok {
+		// The job is durably accepted; only the confirmation is missing.
+		return r, err
+	}
+	if reply.JobID != "" {
+		r.JobID = reply.JobID
+	}
+	if reply.Error != "" {
+		return r, &RejectedError{JobID: r.JobID, Reason: reply.Error}
+	}
+	r.Existing = r.Existing || reply.Existing
+	r.Confirmed = true
+	return r, nil
+}
+
+// waitReply waits up to timeout for a SubmitReply. ok is false when none
+// came in time; err is set only when the caller's ctx ended, since that is a
+// decision of the caller, not a property of the submission.
+func waitReply(ctx context.Context, sub *nats.Subscription, timeout time.Duration) (protocol.SubmitReply, bool, error) {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		m, err := sub.NextMsgWithContext(wctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return protocol.SubmitReply{}, false, fmt.Errorf("waiting for the scheduler's reply: %w", ctx.Err())
+			}
+			return protocol.SubmitReply{}, false, nil
+		}
+		var rep protocol.SubmitReply
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			// Not a SubmitReply (someone else wrote to our inbox); keep
+			// waiting for the real one.
+			continue
+		}
+		return rep, true, nil
+	}
+}
