@@ -61,7 +61,7 @@ func Connect(o natsconn.Options, name string, log zerolog.Logger) (*nats.Conn, e
 	if err != nil {
 		return nil, err
 	}
-	log.Info().Str("server", nc.ConnectedUrl()).Msg("connected to nats")
+	log.Info().Str("server", natsconn.Redact(nc.ConnectedUrl())).Msg("connected to nats")
 	return nc, nil
 }
 

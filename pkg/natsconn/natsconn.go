@@ -6,7 +6,9 @@ package natsconn
 
 import (
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -55,7 +57,7 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info().Str("server", nc.ConnectedUrl()).Msg("nats reconnected")
+			log.Info().Str("server", Redact(nc.ConnectedUrl())).Msg("nats reconnected")
 		}),
 	}
 	if o.Creds != "" {
@@ -63,7 +65,7 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 	}
 	nc, err := nats.Connect(o.URL, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to nats at %s: %w", o.URL, err)
+		return nil, nil, fmt.Errorf("connect to nats at %s: %w", Redact(o.URL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -71,4 +73,16 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// Redact hides the password of a server URL (user:pass@host) so URLs can be
+// logged.
+func Redact(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
 }

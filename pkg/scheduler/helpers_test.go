@@ -3,7 +3,6 @@ package scheduler_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
 
@@ -116,8 +115,6 @@ func lastSeq(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	}
 	return info.State.LastSeq
 }
-
-var errNotYet = errors.New("not yet")
 
 func testLogger(t *testing.T) zerolog.Logger {
 	if !testing.Verbose() {
