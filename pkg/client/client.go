@@ -84,3 +84,10 @@ func (c *Client) store(ctx context.Context) (*jobstore.Store, error) {
 	}
 	return st, nil
 }
+
+// Conn exposes the NATS connection, for control requests.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// Store opens the job store, for callers that change records (operators'
+// commands such as a dead-letter retry).
+func (c *Client) Store(ctx context.Context) (*jobstore.Store, error) { return c.store(ctx) }

@@ -205,8 +205,11 @@ func TestPoisonTaskIsDeadLetteredAndRetried(t *testing.T) {
 	crashes := len(ledgerLines(t, ledger))
 	st := e.step(t, "job-poison", "s")
 	t.Logf("dead-lettered after %d executions: %s", crashes, st.LastError)
-	if !strings.Contains(st.LastError, "poison") {
-		t.Errorf("last error %q does not say poison", st.LastError)
+	// An agent restarted fast enough keeps its queue, so the task comes back
+	// to it until max_deliveries; one restarted too late loses it to the
+	// other agent, until the step counts as poison. Either way it is parked.
+	if !strings.Contains(st.LastError, "poison") && !strings.Contains(st.LastError, "without an ack") {
+		t.Errorf("last error %q says neither poison nor max deliveries", st.LastError)
 	}
 	s, _ := e.js.Stream(context.Background(), protocol.StreamDLQ)
 	info, _ := s.Info(context.Background())
@@ -214,7 +217,8 @@ func TestPoisonTaskIsDeadLetteredAndRetried(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", info.State.Msgs)
 	}
 	letter, err := s.GetMsg(context.Background(), info.State.FirstSeq)
-	if err != nil || letter.Header.Get(protocol.HeaderStep) != "s" || letter.Header.Get(protocol.HeaderDLQReason) != "poison" {
+	if reason := letter.Header.Get(protocol.HeaderDLQReason); err != nil || letter.Header.Get(protocol.HeaderStep) != "s" ||
+		(reason != "poison" && reason != "max_deliveries") {
 		t.Fatalf("dead letter %v: %v", letter, err)
 	}
 

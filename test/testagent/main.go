@@ -78,6 +78,8 @@ func run(ctx context.Context) error {
 	}
 	cfg.Actions = []string{"ledger", "flaky", "crash"}
 	cfg.FetchWait = protocol.Duration(2 * time.Second)
+	// A short lease makes a crashed agent's redeliveries come quickly.
+	cfg.Lease = protocol.Duration(2 * time.Second)
 	a, err := agent.New(cfg)
 	if err != nil {
 		return err
