@@ -48,6 +48,7 @@ type Agent struct {
 
 	draining atomic.Bool
 	stats    counters
+	iso      *isolation
 }
 
 // Option configures an Agent.
@@ -69,7 +70,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{})}
+	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), iso: newIsolation(cfg.MaxConcurrent)}
 	for _, o := range opts {
 		o(a)
 	}

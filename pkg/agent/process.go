@@ -67,6 +67,18 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 	go func() { defer close(keeperDone); keeper.run(keeperCtx) }()
 	defer func() { stopKeeper(); <-keeperDone }()
 
+	// A suspect waits here, its lease kept, until it can run alone.
+	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
+	if release == nil {
+		log.Info().Msg("stopped while waiting to run: handing the task back")
+		a.handBack(msg)
+		return
+	}
+	defer release()
+	if delivery > 1 {
+		log.Warn().Msg("redelivered task: running it alone in case it is what killed the last run")
+	}
+
 	h, allowed := a.allowed[pt.Action]
 	var o outcome
 	if allowed {

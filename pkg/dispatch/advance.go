@@ -160,6 +160,9 @@ func (s *Dispatcher) publishTask(ctx context.Context, st *jobstore.Step, agent p
 	msg.Header.Set(protocol.HeaderAttempt, strconv.Itoa(st.Attempt))
 	msg.Header.Set(protocol.HeaderAction, st.Action)
 	msg.Header.Set(protocol.HeaderDeadline, st.LockedUntil.UTC().Format(time.RFC3339Nano))
+	if st.Recoveries > 0 {
+		msg.Header.Set(protocol.HeaderRecoveries, strconv.Itoa(st.Recoveries))
+	}
 	if st.TransferredFrom != "" {
 		msg.Header.Set(protocol.HeaderTransferredFrom, st.TransferredFrom)
 	}

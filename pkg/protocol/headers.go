@@ -19,6 +19,9 @@ const (
 	HeaderAction = "Warden-Action"
 	// HeaderAgent names the agent that produced a result.
 	HeaderAgent = "Warden-Agent"
+	// HeaderRecoveries counts how often the step was taken back from an
+	// agent (lease expired, agent failed); agents run such tasks alone.
+	HeaderRecoveries = "Warden-Recoveries"
 	// HeaderTransferredFrom names the agent a task was moved away from.
 	HeaderTransferredFrom = "Warden-Transferred-From"
 

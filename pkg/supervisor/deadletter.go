@@ -120,9 +120,14 @@ func (l *leader) handleAdvisory(ctx context.Context, msg jetstream.Msg) error {
 			return err
 		}
 		if err != nil || st.Epoch != epoch || st.State.Terminal() {
-			// The step moved on (or never existed): keep the task for the
-			// record, but the step is not changed.
-			return l.copyToDLQ(ctx, nil, raw, adv.Stream, "max_deliveries", detail+" (stale task)", adv.Deliveries)
+			// The step moved on (or never existed): this copy of its task
+			// is stale, and the DLQ holds only steps that need an operator.
+			l.log.Info().Str(logging.FieldJob, job).Str(logging.FieldStep, step).Str("detail", detail).
+				Msg("deleting a stale task that exhausted its deliveries")
+			if err := stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+				return err
+			}
+			return nil
 		}
 		err = l.deadLetterStepWithDeliveries(ctx, st, rev, "max_deliveries", detail, raw, adv.Stream, adv.Deliveries)
 		if errors.Is(err, jobstore.ErrConflict) {

@@ -31,6 +31,9 @@ func Build(dir string, names ...string) (map[string]string, error) {
 		pkg := "./cmd/" + n
 		if strings.Contains(n, "/") {
 			pkg, n = n, filepath.Base(n)
+			if len(n) > 1 && n[0] == 'v' && strings.Trim(n[1:], "0123456789") == "" {
+				n = filepath.Base(filepath.Dir(pkg)) // module/v2 -> module
+			}
 		}
 		args = append(args, pkg)
 		out[n] = filepath.Join(dir, n)
