@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // Retry delays after a failed pull: all errors are transient, none is
@@ -56,13 +58,34 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 			<-slots
 			return
 		}
+		suspect := isSuspect(deliveryOf(msg), msg.Headers().Get(protocol.HeaderRecoveries))
+		done := make(chan struct{})
 		tasks.Add(1)
 		go func() {
 			defer tasks.Done()
 			defer func() { <-slots }()
+			defer close(done)
 			a.process(workCtx, msg)
 		}()
+		if suspect {
+			// Fetch nothing more until the suspect has run: a task fetched
+			// now would wait behind it and, if it is poison, share its fate
+			// (each crash counts a delivery of every task we hold).
+			select {
+			case <-done:
+			case <-fetchCtx.Done():
+				return
+			}
+		}
 	}
+}
+
+// deliveryOf is the message's delivery count, 1 if unknown.
+func deliveryOf(msg jetstream.Msg) uint64 {
+	if md, err := msg.Metadata(); err == nil {
+		return md.NumDelivered
+	}
+	return 1
 }
 
 // next long-polls for one task for at most FetchWait.

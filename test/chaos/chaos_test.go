@@ -1,0 +1,440 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/dlq"
+	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+type plan struct {
+	jobs, poison           int
+	submitWindow, chaosFor time.Duration
+	drain                  time.Duration
+}
+
+func TestChaos(t *testing.T) {
+	p := plan{jobs: 60, poison: 2, submitWindow: 15 * time.Second, chaosFor: 25 * time.Second, drain: 150 * time.Second}
+	seed := *seedFlag
+	if *fullFlag {
+		p = plan{jobs: 240, poison: 6, submitWindow: 45 * time.Second, chaosFor: 60 * time.Second, drain: 240 * time.Second}
+		if seed == 0 {
+			seed = time.Now().UnixNano() % 1_000_000
+		}
+	} else if seed == 0 {
+		seed = 1
+	}
+	t.Logf("chaos seed %d (replay: go test ./test/chaos -run TestChaos -chaos.seed=%d%s)", seed, seed, map[bool]string{true: " -chaos.full"}[*fullFlag])
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
+	jobs := generate(rnd, p.jobs, p.poison)
+
+	c := newCluster(t)
+	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waitFor(t, 20*time.Second, "streams and buckets", func() bool {
+		_, err := js.KeyValue(ctx, protocol.BucketJobs)
+		return err == nil
+	})
+	watch := startSuccessWatch(ctx, t, js)
+
+	// Submit over the window; a publish that fails (the server is down)
+	// is retried with the same Nats-Msg-Id until a PubAck accepts it.
+	var accepted sync.Map
+	var submitWG sync.WaitGroup
+	submitWG.Add(1)
+	go func() {
+		defer submitWG.Done()
+		gap := p.submitWindow / time.Duration(len(jobs))
+		for _, j := range jobs {
+			for ctx.Err() == nil {
+				msg := nats.NewMsg(protocol.SubjectSubmit)
+				msg.Data = j.spec
+				msg.Header.Set(protocol.HeaderJobID, j.id)
+				msg.Header.Set(protocol.HeaderMsgID, j.id)
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.PublishMsg(pctx, msg)
+				pcancel()
+				if err == nil {
+					accepted.Store(j.id, j)
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			time.Sleep(gap)
+		}
+	}()
+
+	// The fault schedule, drawn from the same seed.
+	leases, _ := waitKV(ctx, t, js, protocol.BucketLeases)
+	kvGet := func(key string) ([]byte, error) {
+		e, err := leases.Get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return e.Value(), nil
+	}
+	counts := map[string]int{}
+	start := time.Now()
+	natsRestartAt := start.Add(p.chaosFor / 2)
+	natsRestarted := false
+	next := start.Add(time.Second)
+	agents := []string{"agent-0", "agent-1", "agent-2", "agent-3"}
+	for now := time.Now(); now.Sub(start) < p.chaosFor; now = time.Now() {
+		c.tend(now)
+		if !natsRestarted && now.After(natsRestartAt) {
+			c.restartNATS()
+			natsRestarted = true
+			counts["nats restarts"]++
+		}
+		if now.After(next) {
+			down := time.Duration(300+rnd.IntN(2700)) * time.Millisecond
+			switch roll := rnd.IntN(100); {
+			case roll < 35:
+				if c.kill(agents[rnd.IntN(len(agents))], now, down) {
+					counts["agent kills"]++
+				}
+			case roll < 55:
+				pause := time.Duration(1000+rnd.IntN(5000)) * time.Millisecond
+				if c.pause(agents[rnd.IntN(len(agents))], now, pause) {
+					counts["agent pauses"]++
+				}
+			case roll < 75:
+				if c.kill("scheduler-"+strconv.Itoa(rnd.IntN(2)), now, down) {
+					counts["scheduler kills"]++
+				}
+			case roll < 90:
+				if l := c.supervisorLeader(kvGet); l != "" && c.kill(l, now, down) {
+					counts["supervisor leader kills"]++
+				}
+			}
+			next = now.Add(time.Duration(500+rnd.IntN(1000)) * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	submitWG.Wait()
+	c.settle()
+	chaosEnd := time.Now()
+
+	// Drain: every accepted job must reach a terminal state. Poison tasks
+	// keep killing agents until they are parked, so keep tending.
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	accepted.Range(func(k, _ any) bool { ids = append(ids, k.(string)); return true })
+	sort.Strings(ids)
+	terminal := func() (int, []string) {
+		var pending []string
+		for _, id := range ids {
+			j, _, err := store.Job(ctx, id)
+			if err != nil || !j.State.Terminal() {
+				pending = append(pending, id)
+			}
+		}
+		return len(ids) - len(pending), pending
+	}
+	deadline := time.Now().Add(p.drain)
+	var stuck []string
+	for {
+		c.tend(time.Now())
+		var done int
+		done, stuck = terminal()
+		if len(stuck) == 0 || time.Now().After(deadline) {
+			_ = done
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	drained := time.Since(chaosEnd)
+	if len(stuck) > 0 {
+		for _, id := range stuck[:min(len(stuck), 10)] {
+			t.Errorf("job %s not terminal after %s: %s", id, p.drain, describeJob(ctx, store, id))
+		}
+		t.Fatalf("%d of %d accepted jobs not terminal", len(stuck), len(ids))
+	}
+
+	// Verify.
+	byID := map[string]job{}
+	for _, j := range jobs {
+		byID[j.id] = j
+	}
+	executions := readLedger(t, c.ledger)
+	poisonSteps := map[string]bool{}
+	for _, id := range ids {
+		j := byID[id]
+		rec, _, err := store.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps, err := store.Steps(ctx, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.poison != "" {
+			poisonSteps[id+"."+j.poison] = true
+			if rec.State != jobstore.JobFailed {
+				t.Errorf("poison job %s is %s", id, rec.State)
+			}
+		} else if rec.State != jobstore.JobSucceeded {
+			t.Errorf("job %s (%s) is %s: %s", id, j.shape, rec.State, describeJob(ctx, store, id))
+		}
+		for _, s := range steps {
+			key := id + "." + s.ID
+			if j.poison == s.ID && s.State != jobstore.StepDeadLettered {
+				t.Errorf("poison step %s is %s, not dead-lettered", key, s.State)
+			}
+			if s.State == jobstore.StepSucceeded && executions[key] == 0 {
+				t.Errorf("step %s succeeded but never ran according to the ledger", key)
+			}
+		}
+	}
+	for key, n := range watch.successes() {
+		if n > 1 {
+			t.Errorf("step %s went to succeeded %d times (job store watch)", key, n)
+		}
+	}
+	for key, n := range loggedSuccesses(c) {
+		if n > 1 {
+			t.Errorf("step %s went to succeeded %d times (scheduler logs)", key, n)
+		}
+	}
+	q, err := dlq.Open(ctx, nc, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	letters, err := q.List(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inDLQ := map[string]int{}
+	for _, l := range letters {
+		inDLQ[l.JobID+"."+l.StepID]++
+	}
+	for key := range poisonSteps {
+		if inDLQ[key] == 0 {
+			t.Errorf("poison step %s is not in the dead-letter stream", key)
+		}
+	}
+	for key, n := range inDLQ {
+		if !poisonSteps[key] {
+			t.Errorf("dead-letter stream holds %s (%d letters), which is not a poison step", key, n)
+		}
+	}
+
+	// Counts.
+	duplicates := 0
+	for _, n := range executions {
+		duplicates += n - 1
+	}
+	failovers, transferred := 0, 0
+	for _, e := range readEvents(ctx, js, "failover") {
+		if e.Data["outcome"] != "nothing_to_move" {
+			failovers++
+		}
+		n, _ := strconv.Atoi(e.Data["tasks_moved"])
+		transferred += n
+	}
+	restarts := 0
+	for _, r := range c.roles {
+		restarts += r.restarts
+	}
+	t.Logf("seed %d: %d jobs accepted (%d poison), %d agent kills, %d agent pauses, %d scheduler kills, %d supervisor leader kills, %d nats restarts, %d process restarts",
+		seed, len(ids), len(poisonSteps), counts["agent kills"], counts["agent pauses"], counts["scheduler kills"],
+		counts["supervisor leader kills"], counts["nats restarts"], restarts)
+	t.Logf("seed %d: %d failovers, %d tasks transferred, %d executions of %d steps (%d duplicate), %d stale results dropped, %d dead letters, drained %s after the faults stopped",
+		seed, failovers, transferred, sumValues(executions), len(executions), duplicates,
+		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func waitKV(ctx context.Context, t *testing.T, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	waitFor(t, 20*time.Second, "bucket "+bucket, func() bool {
+		var err error
+		kv, err = js.KeyValue(ctx, bucket)
+		return err == nil
+	})
+	return kv, nil
+}
+
+func describeJob(ctx context.Context, store *jobstore.Store, id string) string {
+	j, _, err := store.Job(ctx, id)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	b.WriteString(string(j.State))
+	steps, _ := store.Steps(ctx, j)
+	for _, s := range steps {
+		b.WriteString(" | " + s.ID + "=" + string(s.State) + "@" + strconv.FormatUint(s.Epoch, 10) + " on " + s.Actor)
+		if s.Waiting != "" {
+			b.WriteString(" waiting: " + s.Waiting)
+		}
+		if s.LastError != "" {
+			b.WriteString(" error: " + s.LastError)
+		}
+	}
+	return b.String()
+}
+
+// readLedger counts executions per job.step.
+func readLedger(t *testing.T, path string) map[string]int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]int{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 4 {
+			out[fields[0]+"."+fields[1]]++
+		}
+	}
+	return out
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func readEvents(ctx context.Context, js jetstream.JetStream, kind string) []protocol.Event {
+	s, err := js.Stream(ctx, protocol.StreamEvents)
+	if err != nil {
+		return nil
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
+	if err != nil {
+		return nil
+	}
+	var out []protocol.Event
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(500 * time.Millisecond))
+		if err != nil {
+			return out
+		}
+		var e protocol.Event
+		if json.Unmarshal(m.Data(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+}
+
+// loggedSuccesses counts "step succeeded" lines, which a scheduler logs
+// after its CAS write to succeeded won, across every scheduler process that
+// ever ran.
+func loggedSuccesses(c *cluster) map[string]int {
+	out := map[string]int{}
+	for _, name := range []string{"scheduler-0", "scheduler-1"} {
+		for _, p := range c.roles[name].history {
+			sc := bufio.NewScanner(strings.NewReader(p.Output()))
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				var line struct {
+					Message string `json:"message"`
+					Job     string `json:"job_id"`
+					Step    string `json:"step_id"`
+				}
+				if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "step succeeded" {
+					out[line.Job+"."+line.Step]++
+				}
+			}
+		}
+	}
+	return out
+}
+
+// successWatch follows the job store and counts, per step, the revisions at
+// which it entered succeeded.
+type successWatch struct {
+	mu    sync.Mutex
+	state map[string]jobstore.StepState
+	rev   map[string]uint64
+	count map[string]int
+}
+
+func startSuccessWatch(ctx context.Context, t *testing.T, js jetstream.JetStream) *successWatch {
+	w := &successWatch{state: map[string]jobstore.StepState{}, rev: map[string]uint64{}, count: map[string]int{}}
+	kv, _ := waitKV(ctx, t, js, protocol.BucketJobs)
+	watcher, err := kv.Watch(ctx, "step.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer func() { _ = watcher.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-watcher.Updates():
+				if !ok {
+					return
+				}
+				if e == nil || e.Operation() != jetstream.KeyValuePut {
+					continue
+				}
+				var st jobstore.Step
+				if json.Unmarshal(e.Value(), &st) != nil {
+					continue
+				}
+				key := st.JobID + "." + st.ID
+				w.mu.Lock()
+				if e.Revision() > w.rev[key] {
+					if st.State == jobstore.StepSucceeded && w.state[key] != jobstore.StepSucceeded {
+						w.count[key]++
+					}
+					w.state[key], w.rev[key] = st.State, e.Revision()
+				}
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w
+}
+
+func (w *successWatch) successes() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.count))
+	for k, v := range w.count {
+		out[k] = v
+	}
+	return out
+}
