@@ -51,6 +51,14 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		return
 	}
 
+	if !pt.ExpiresAt.IsZero() && received.After(pt.ExpiresAt) {
+		// Expired in a queue: say so, so the step fails with a reason
+		// instead of running late.
+		log.Warn().Time("expires_at", pt.ExpiresAt).Msg("task expired before it started")
+		err := Permanent(fmt.Errorf("expired: not started by %s", pt.ExpiresAt.UTC().Format(time.RFC3339)))
+		a.report(workCtx, msg, p, buildResult(task, a.cfg.ID, received, received, nil, err), log)
+		return
+	}
 	a.stats.inFlight.Add(1)
 	defer a.stats.inFlight.Add(-1)
 	started := a.now()

@@ -93,6 +93,12 @@ func (s *Dispatcher) advanceOnce(ctx context.Context, jobID string) error {
 // task. Losing the CAS means another scheduler dispatched it.
 func (s *Dispatcher) dispatch(ctx context.Context, st *jobstore.Step, rev uint64) error {
 	log := s.log.With().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Logger()
+	if now := s.now().UTC(); st.Expired(now) {
+		log.Warn().Time("expires_at", st.ExpiresAt).Msg("step expired before it could start")
+		st.Fail(fmt.Sprintf("%s: not started by %s", jobstore.ReasonExpired, st.ExpiresAt.Format(time.RFC3339)), now)
+		_, err := s.store.UpdateStep(ctx, st, rev)
+		return err
+	}
 	agent, err := s.selector.Choose(s.view.Pool(st.Pool), selection.Request{
 		Pool: st.Pool, Agent: st.Agent, Action: st.Action, Requires: st.Requires,
 	})
@@ -141,7 +147,7 @@ func (s *Dispatcher) dispatch(ctx context.Context, st *jobstore.Step, rev uint64
 func (s *Dispatcher) publishTask(ctx context.Context, st *jobstore.Step, agent protocol.Presence) error {
 	task := protocol.Task{
 		JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch, Attempt: st.Attempt, Action: st.Action,
-		Params: st.Params, Timeout: st.Timeout, Deadline: st.LockedUntil,
+		Params: st.Params, Timeout: st.Timeout, Deadline: st.LockedUntil, ExpiresAt: st.ExpiresAt,
 	}
 	b, err := json.Marshal(task)
 	if err != nil {

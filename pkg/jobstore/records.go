@@ -83,6 +83,8 @@ type Step struct {
 	DependsOn  []string          `json:"depends_on,omitempty"`
 	Timeout    protocol.Duration `json:"timeout"`
 	MaxRetries int               `json:"max_retries"`
+	// ExpiresAt: a step not started by then fails as expired.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 
 	Desired StepState `json:"desired"`
 	State   StepState `json:"state"`
@@ -122,6 +124,8 @@ func NewJob(id string, sp spec.Job, now time.Time) *Job {
 type StepDefaults struct {
 	Timeout    time.Duration
 	MaxRetries int
+	// Expiry applies to steps without expires_in; zero: no expiry.
+	Expiry time.Duration
 }
 
 // NewSteps builds the step records of a job from its spec.
@@ -147,6 +151,11 @@ func NewSteps(jobID string, sp spec.Job, d StepDefaults, now time.Time) ([]*Step
 		}
 		if s.MaxRetries != nil {
 			st.MaxRetries = *s.MaxRetries
+		}
+		if exp := max(s.ExpiresIn.Std(), 0); exp > 0 {
+			st.ExpiresAt = now.Add(exp)
+		} else if d.Expiry > 0 {
+			st.ExpiresAt = now.Add(d.Expiry)
 		}
 		out = append(out, st)
 	}

@@ -120,6 +120,14 @@ func (s *Step) DeadLetter(reason string, now time.Time) {
 	s.LockedUntil = time.Time{}
 }
 
+// ReasonExpired starts the error of a step that expired before it ran.
+const ReasonExpired = "expired"
+
+// Expired reports whether the step's expiry has passed at now.
+func (s *Step) Expired(now time.Time) bool {
+	return !s.ExpiresAt.IsZero() && now.After(s.ExpiresAt)
+}
+
 // Fail ends a step that cannot run (no agent offers its action, say).
 func (s *Step) Fail(reason string, now time.Time) {
 	s.State = StepFailed

@@ -16,6 +16,9 @@ type Task struct {
 	Params   json.RawMessage `json:"params,omitempty"`
 	Timeout  Duration        `json:"timeout"`
 	Deadline time.Time       `json:"deadline"`
+	// ExpiresAt, when set, is when the task stops being worth running: an
+	// agent that gets it later reports it failed with reason "expired".
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 }
 
 // Result statuses.

@@ -1,45 +1,191 @@
-// Package retry decides whether a failed step is retried.
 package retry
 
 import (
 	"strings"
+	"time"
 
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-// retriablePatterns mark transient failures in an unclassified error text.
-var retriablePatterns = []string{
-	"timeout", "timed out", "deadline exceeded",
-	"connection refused", "connection reset", "unavailable", "temporary",
-	"try again", "stale heartbeat", "expired",
+// Classes a Decision can carry besides a rule's own class. ClassRetriable
+// and ClassPermanent mean the agent said so itself.
+const (
+	ClassRetriable    = protocol.ClassRetriable
+	ClassPermanent    = protocol.ClassPermanent
+	ClassUnclassified = "unclassified"
+)
+
+// DefaultMaxRetryAfter caps the delay an agent may ask for.
+const DefaultMaxRetryAfter = time.Hour
+
+// Rule classifies an error text containing Match (case-insensitive).
+type Rule struct {
+	// Match is a substring of the error text, compared case-insensitively.
+	Match string `yaml:"match" json:"match"`
+	// Class names the failure in the step's retry chain, e.g. "quota".
+	Class string `yaml:"class" json:"class"`
+	// Retriable says whether a failure matching the rule is retried.
+	Retriable bool `yaml:"retriable" json:"retriable"`
 }
 
-// permanentPatterns mark failures that a retry cannot fix.
-var permanentPatterns = []string{
-	"validation", "invalid", "permission denied", "forbidden", "unauthorized",
-	"not found", "unknown action", "not allowed",
+// permanentRules are checked before retriableRules, so "invalid parameter:
+// timeout must be positive" is permanent. Within a list the first match
+// names the class.
+var permanentRules = []Rule{
+	{Match: "unknown action", Class: "unknown_action"},
+	{Match: "not allowed", Class: "not_allowed"},
+	{Match: "permission denied", Class: "permission_denied"},
+	{Match: "forbidden", Class: "permission_denied"},
+	{Match: "unauthorized", Class: "permission_denied"},
+	{Match: "not found", Class: "not_found"},
+	{Match: "invalid param", Class: "invalid_params"},
+	{Match: "invalid argument", Class: "invalid_params"},
+	{Match: "validation", Class: "validation"},
+	{Match: "invalid", Class: "validation"},
 }
 
-// Retriable classifies a failure. An explicit class from the agent wins;
-// otherwise the error text is matched, permanent patterns first (so
-// "invalid ... timeout" is permanent); anything else is defaultRetriable.
+var retriableRules = []Rule{
+	{Match: "stale heartbeat", Class: "stale_heartbeat", Retriable: true},
+	{Match: "heartbeat stale", Class: "stale_heartbeat", Retriable: true},
+	{Match: "lease lost", Class: "lease_lost", Retriable: true},
+	{Match: "lease expired", Class: "lease_lost", Retriable: true},
+	{Match: "expired", Class: "expired", Retriable: true}, // a task's queue ttl
+	{Match: "timeout", Class: "timeout", Retriable: true},
+	{Match: "timed out", Class: "timeout", Retriable: true},
+	{Match: "deadline exceeded", Class: "timeout", Retriable: true},
+	{Match: "connection refused", Class: "connection", Retriable: true},
+	{Match: "connection reset", Class: "connection", Retriable: true},
+	{Match: "broken pipe", Class: "connection", Retriable: true},
+	{Match: "unavailable", Class: "unavailable", Retriable: true},
+	{Match: "status 502", Class: "unavailable", Retriable: true},
+	{Match: "status 503", Class: "unavailable", Retriable: true},
+	{Match: "status 504", Class: "timeout", Retriable: true},
+	{Match: "too many requests", Class: "throttled", Retriable: true},
+	{Match: "status 429", Class: "throttled", Retriable: true},
+	{Match: "rate limit", Class: "throttled", Retriable: true},
+	{Match: "temporary", Class: "temporary", Retriable: true},
+	{Match: "temporarily", Class: "temporary", Retriable: true},
+	{Match: "try again", Class: "temporary", Retriable: true},
+	{Match: "shutting down", Class: "shutdown", Retriable: true},
+}
+
+// BuiltinRules returns the built-in rules in the order they are checked
+// (permanent first).
+func BuiltinRules() []Rule {
+	return append(append([]Rule(nil), permanentRules...), retriableRules...)
+}
+
+// Classification configures Classify.
+type Classification struct {
+	// RetryUnclassified says whether a failure that carries no class and
+	// matches no rule is retried. Defaults to false: permanent, the
+	// conservative choice.
+	RetryUnclassified bool `yaml:"retry_unclassified" json:"retry_unclassified"`
+	// MaxRetryAfter caps the delay an agent asks for with retry-after.
+	// Defaults to 1h.
+	MaxRetryAfter protocol.Duration `yaml:"max_retry_after" json:"max_retry_after"`
+	// Rules are checked before the built-in ones, in order. Defaults to none.
+	Rules []Rule `yaml:"rules" json:"rules,omitempty"`
+}
+
+// DefaultClassification returns the classification defaults.
+func DefaultClassification() Classification {
+	return Classification{MaxRetryAfter: protocol.Duration(DefaultMaxRetryAfter)}
+}
+
+// WithDefaults fills MaxRetryAfter when zero.
+func (c Classification) WithDefaults() Classification {
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = protocol.Duration(DefaultMaxRetryAfter)
+	}
+	return c
+}
+
+// Validate reports the first field that breaks a rule.
+func (c Classification) Validate() error {
+	if c.MaxRetryAfter <= 0 {
+		return invalid("classification.max_retry_after must be positive, got %s", c.MaxRetryAfter)
+	}
+	for i, r := range c.Rules {
+		switch {
+		case strings.TrimSpace(r.Match) == "":
+			return invalid("classification.rules[%d].match must not be empty", i)
+		case strings.TrimSpace(r.Class) == "":
+			return invalid("classification.rules[%d].class must not be empty (it names the failure in retry chains)", i)
+		}
+	}
+	return nil
+}
+
+// Decision is the outcome of classifying a failure.
+type Decision struct {
+	// Retriable says whether the failure is worth another attempt.
+	Retriable bool `json:"retriable"`
+	// Class names the failure: ClassRetriable or ClassPermanent when the
+	// agent classified it, a rule's class ("timeout", "not_found", ...)
+	// when a rule matched, ClassUnclassified otherwise.
+	Class string `json:"class"`
+	// After is the least delay the agent asked for, capped by
+	// max_retry_after; 0 when none or when the failure is permanent.
+	After time.Duration `json:"after,omitempty"`
+	// Match is the substring that classified the error text, if any.
+	Match string `json:"match,omitempty"`
+}
+
+// Classify decides what a failure is. class is the agent's error class
+// (protocol.ClassRetriable, protocol.ClassPermanent, or a common alias such
+// as "transient" or "fatal"); retryAfter is the delay it asked for. An
+// explicit class wins; a retry-after without a class means retriable;
+// otherwise errText is matched against cfg.Rules, then the built-in
+// permanent rules, then the built-in retriable ones; anything else follows
+// cfg.RetryUnclassified.
+func Classify(class, errText string, retryAfter time.Duration, cfg Classification) Decision {
+	after := func() time.Duration {
+		if retryAfter <= 0 {
+			return 0
+		}
+		if limit := cfg.MaxRetryAfter.Std(); limit > 0 && retryAfter > limit {
+			return limit
+		}
+		return retryAfter
+	}
+	switch normaliseClass(class) {
+	case ClassRetriable:
+		return Decision{Retriable: true, Class: ClassRetriable, After: after()}
+	case ClassPermanent:
+		return Decision{Retriable: false, Class: ClassPermanent}
+	}
+	if retryAfter > 0 {
+		return Decision{Retriable: true, Class: ClassRetriable, After: after()}
+	}
+	text := strings.ToLower(errText)
+	for _, rules := range [][]Rule{cfg.Rules, permanentRules, retriableRules} {
+		for _, r := range rules {
+			if m := strings.ToLower(strings.TrimSpace(r.Match)); m != "" && strings.Contains(text, m) {
+				return Decision{Retriable: r.Retriable, Class: r.Class, Match: m}
+			}
+		}
+	}
+	return Decision{Retriable: cfg.RetryUnclassified, Class: ClassUnclassified}
+}
+
+// normaliseClass maps the class names agents in any language may send to
+// ClassRetriable or ClassPermanent; anything else becomes "".
+func normaliseClass(class string) string {
+	c := strings.NewReplacer("-", "_", " ", "_").Replace(strings.ToLower(strings.TrimSpace(class)))
+	switch c {
+	case "retriable", "retryable", "transient", "retry":
+		return ClassRetriable
+	case "permanent", "fatal", "non_retriable", "non_retryable", "nonretriable", "nonretryable":
+		return ClassPermanent
+	}
+	return ""
+}
+
+// Retriable classifies a failure with the built-in rules: an explicit class
+// from the agent wins; otherwise the error text is matched, permanent
+// patterns first (so "invalid ... timeout" is permanent); anything else is
+// defaultRetriable. It is Classify without retry-after or custom rules.
 func Retriable(class, errText string, defaultRetriable bool) bool {
-	switch class {
-	case protocol.ClassRetriable:
-		return true
-	case protocol.ClassPermanent:
-		return false
-	}
-	t := strings.ToLower(errText)
-	for _, p := range permanentPatterns {
-		if strings.Contains(t, p) {
-			return false
-		}
-	}
-	for _, p := range retriablePatterns {
-		if strings.Contains(t, p) {
-			return true
-		}
-	}
-	return defaultRetriable
+	return Classify(class, errText, 0, Classification{RetryUnclassified: defaultRetriable}).Retriable
 }

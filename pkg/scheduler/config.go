@@ -25,6 +25,10 @@ type Config struct {
 	DefaultStepTimeout protocol.Duration `yaml:"default_step_timeout"`
 	// DefaultMaxRetries applies to steps without max_retries. Defaults to 3.
 	DefaultMaxRetries int `yaml:"default_max_retries"`
+	// DefaultTaskExpiry applies to steps without expires_in: a step not
+	// started this long after submission fails as expired. Defaults to 0
+	// (no expiry).
+	DefaultTaskExpiry protocol.Duration `yaml:"default_task_expiry"`
 	// RetryUnclassified says whether a failure the agent did not classify
 	// and no pattern recognises is retried. Defaults to false (permanent).
 	RetryUnclassified bool `yaml:"retry_unclassified"`

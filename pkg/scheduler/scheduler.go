@@ -92,7 +92,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	s.dispatch = dispatch.New(dispatch.Config{
 		TaskShards:    s.cfg.TaskShards,
 		DispatchGrace: s.cfg.DispatchGrace.Std(),
-		StepDefaults:  jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), MaxRetries: s.cfg.DefaultMaxRetries},
+		StepDefaults: jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), MaxRetries: s.cfg.DefaultMaxRetries,
+			Expiry: s.cfg.DefaultTaskExpiry.Std()},
 	}, s.js, store, view, s.selector, s.log, s.metrics, s.now)
 
 	ctx, cancel := context.WithCancel(ctx)

@@ -270,3 +270,20 @@ func TestRetriableFailureIsRetriedWithNewEpoch(t *testing.T) {
 		t.Fatalf("retry chain wrong: %s", b)
 	}
 }
+
+func TestStepNotStartedBeforeExpiryFailsAsExpired(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{WaitRetry: protocol.Duration(100 * time.Millisecond)})
+	// Only an agent without the capability is present, so the step waits.
+	handagent.Start(t, b.js, "default", "a1", nil)
+	b.submit(t, []byte("name: e\nsteps: [{id: s, action: echo, requires: [gpu], expires_in: 300ms}]"), "job-expire", "")
+	job := b.waitJob(t, "job-expire", jobstore.JobFailed)
+	st, _, _ := b.store.Step(context.Background(), "job-expire", "s")
+	if st.State != jobstore.StepFailed || !strings.HasPrefix(st.LastError, "expired") || st.Epoch != 0 {
+		t.Fatalf("step %s epoch %d error %q", st.State, st.Epoch, st.LastError)
+	}
+	if !strings.Contains(job.Error, "expired") {
+		t.Fatalf("job error %q", job.Error)
+	}
+}

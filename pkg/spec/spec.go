@@ -31,6 +31,9 @@ type Step struct {
 	DependsOn []string `json:"depends_on,omitempty" yaml:"depends_on,omitempty"`
 	// Timeout bounds one execution; zero means the scheduler's default.
 	Timeout protocol.Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+	// ExpiresIn, when set, is how long after submission the step may still
+	// start; a step not started by then fails with reason "expired".
+	ExpiresIn protocol.Duration `json:"expires_in,omitempty" yaml:"expires_in,omitempty"`
 	// MaxRetries bounds re-executions after a retriable failure; nil means
 	// the scheduler's default.
 	MaxRetries *int `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`

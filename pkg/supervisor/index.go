@@ -152,7 +152,7 @@ func (x *Index) ObserveStep(s *jobstore.Step) {
 	case jobstore.StepDispatched:
 		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: s.LockedUntil})
 	case jobstore.StepPending:
-		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: s.UpdatedAt.Add(x.grace)})
+		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: earliest(s.UpdatedAt.Add(x.grace), s.ExpiresAt)})
 	default:
 		x.remove(key)
 	}
@@ -206,4 +206,12 @@ func (x *Index) checkJob(id string) {
 		return
 	}
 	x.put(&item{kind: itemJob, job: id, due: j.updated.Add(x.grace)})
+}
+
+// earliest returns the earlier of a and b, ignoring a zero b.
+func earliest(a, b time.Time) time.Time {
+	if !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -1,0 +1,7 @@
+package bench
+
+import "strings"
+
+func splitFields(s string) []string { return strings.Fields(s) }
+
+func joinFields(f []string) string { return strings.Join(f, " ") }

@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/scheduler"
+	"github.com/wardenhq/warden/pkg/supervisor"
+)
+
+// deployment is a Warden in this process: one scheduler and one supervisor
+// with their defaults, and a fleet of light agents.
+type deployment struct {
+	srv   *natsServer
+	js    jetstream.JetStream
+	fleet *Fleet
+	track *tracker
+}
+
+func (e *Env) deploy(tb *runTB, agents, maxConcurrent int, onTask func(string, time.Time)) *deployment {
+	srv := e.startServer(tb)
+	startScheduler(tb, srv.URL, scheduler.DefaultConfig())
+	startSupervisor(tb, srv.URL, supervisor.Config{ID: "bench-sup"})
+	nc, js := connect(tb, srv.URL, "bench-client")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fleet, err := StartFleet(ctx, FleetConfig{URL: srv.URL, Agents: agents, MaxConcurrent: maxConcurrent, AgentsPerConn: 4,
+		OnTask: onTask})
+	if err != nil {
+		tb.Fatalf("fleet: %v", err)
+	}
+	tb.Cleanup(fleet.Stop)
+	d := &deployment{srv: srv, js: js, fleet: fleet, track: newTracker(tb, nc)}
+	// Wait until the scheduler sees the agents: one job must complete.
+	d.runJobs(tb, "warmup", 1, 1, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+	return d
+}
+
+// runJobs submits n jobs from pubs publishers asynchronously and waits for
+// all of them to finish. It returns the time from the first publish to the
+// last job_finished event.
+func (d *deployment) runJobs(tb *runTB, prefix string, n, pubs int, spec func(i int) []byte, timeout time.Duration) time.Duration {
+	before := d.track.Count()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := 0; p < pubs; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for i := p; i < n; i += pubs {
+				if _, err := d.js.PublishMsgAsync(submission(fmt.Sprintf("%s-%d", prefix, i), spec(i))); err != nil {
+					tb.Logf("submit: %v", err)
+				}
+			}
+		}(p)
+	}
+	wg.Wait()
+	select {
+	case <-d.js.PublishAsyncComplete():
+	case <-time.After(timeout):
+	}
+	if !d.track.waitCount(before+n, timeout) {
+		tb.Fatalf("%s: only %d of %d jobs finished within %s", prefix, d.track.Count()-before, n, timeout)
+	}
+	return time.Since(start)
+}
+
+func (e *Env) runThroughput(tb *runTB) {
+	const sec = "Warden throughput"
+	agents := 8
+	d := e.deploy(tb, agents, 64, nil)
+	// Warm up (JIT-free Go still has caches, connections and pools).
+	d.runJobs(tb, "warm", 200, 4, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+
+	// Single-step no-op jobs from 4 publishers to 8 agents.
+	n := pick(e, 6000, 2000)
+	before := streamSeqs(tb, d.js)
+	el := d.runJobs(tb, "job", n, 4, func(int) []byte { return singleStepSpec("noop", "") }, 5*time.Minute)
+	time.Sleep(200 * time.Millisecond) // the last acks and event writes
+	after := streamSeqs(tb, d.js)
+	writes, by := writesBetween(before, after)
+	jps := float64(n) / el.Seconds()
+	wpj := float64(writes) / float64(n)
+	e.rep.Add(atLeast(Figure{Section: sec, Key: "jobs_per_s", Label: "single-step jobs", Value: jps, Unit: "jobs/s",
+		Note: fmt.Sprintf("%d jobs, 4 publishers, %d light agents, 1 scheduler (16 workers), 1 supervisor", n, agents)}, 10000, "jobs/s"))
+	e.rep.Add(atMost(Figure{Section: sec, Key: "writes_per_job", Label: "JetStream writes per job", Value: wpj, Unit: "writes",
+		Note: "counted: stored messages in every stream and bucket but presence"}, 6, "writes"))
+	e.rep.Set("writes_per_job_by_stream", perJob(by, n))
+	e.logf("throughput: %.0f jobs/s, %.2f writes/job (%s)", jps, wpj, by)
+	if f := d.track.failures(); f > 0 {
+		e.rep.Note("throughput: %d jobs did not succeed", f)
+	}
+
+	// 10-step chains.
+	chains := pick(e, 150, 40)
+	el = d.runJobs(tb, "chain", chains, 2, func(int) []byte { return chainSpec(10) }, 5*time.Minute)
+	sps := float64(chains*10) / el.Seconds()
+	e.rep.Add(Figure{Section: sec, Key: "chain_steps_per_s", Label: "10-step chains", Value: sps, Unit: "steps/s",
+		Note: fmt.Sprintf("%d chains submitted at once", chains)})
+	e.logf("throughput: chains %.0f steps/s", sps)
+
+	// Fan-out of 100 parallel steps, one job at a time.
+	trials := pick(e, 3, 1)
+	var fan []time.Duration
+	for i := 0; i < trials; i++ {
+		fan = append(fan, d.runJobs(tb, fmt.Sprintf("fan%d", i), 1, 1, func(int) []byte { return fanoutSpec(100) }, 5*time.Minute))
+	}
+	sort.Slice(fan, func(i, j int) bool { return fan[i] < fan[j] })
+	med := fan[len(fan)/2]
+	e.rep.Add(Figure{Section: sec, Key: "fanout_100_s", Label: "fan-out of 100 steps", Value: med.Seconds(), Unit: "s",
+		Note: fmt.Sprintf("submit to job finished, median of %d", trials)})
+	e.rep.Add(Figure{Section: sec, Key: "fanout_100_steps_per_s", Label: "fan-out steps/s", Value: 100 / med.Seconds(), Unit: "steps/s"})
+	e.logf("throughput: fan-out 100 in %s", med)
+}
+
+// perJob turns "A=600 B=1200" for n jobs into "A=1.00 B=2.00".
+func perJob(by string, n int) string {
+	var out []string
+	for _, part := range splitFields(by) {
+		var name string
+		var v uint64
+		for i := len(part) - 1; i >= 0; i-- {
+			if part[i] == '=' {
+				name = part[:i]
+				fmt.Sscanf(part[i+1:], "%d", &v)
+				break
+			}
+		}
+		out = append(out, fmt.Sprintf("%s=%.2f", name, float64(v)/float64(n)))
+	}
+	return joinFields(out)
+}
+
+func (e *Env) runLatency(tb *runTB) {
+	const sec = "Warden latency"
+	var mu sync.Mutex
+	dispatched := map[string]time.Time{}
+	d := e.deploy(tb, 8, 64, func(job string, at time.Time) {
+		mu.Lock()
+		if _, ok := dispatched[job]; !ok {
+			dispatched[job] = at
+		}
+		mu.Unlock()
+	})
+	ctx := context.Background()
+	d.runJobs(tb, "warm", 100, 2, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+
+	// Low load: one job at a time, synchronous submit.
+	n := pick(e, 200, 50)
+	var comp, disp []time.Duration
+	spec := singleStepSpec("noop", "")
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("low-%d", i)
+		done := d.track.wait(id)
+		t0 := time.Now()
+		if _, err := d.js.PublishMsg(ctx, submission(id, spec)); err != nil {
+			tb.Fatalf("submit: %v", err)
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			tb.Fatalf("job %s did not finish", id)
+		}
+		at, _ := d.track.at(id)
+		comp = append(comp, at.Sub(t0))
+		mu.Lock()
+		disp = append(disp, dispatched[id].Sub(t0))
+		mu.Unlock()
+	}
+	e.rep.Add(atMost(Figure{Section: sec, Key: "submit_complete_p50_ms", Label: "submit→complete p50, low load", Value: ms(percentile(comp, 50)),
+		Unit: "ms", Note: fmt.Sprintf("%d jobs one at a time; p99 %.2f ms; submit→dispatch p50 %.2f ms", n, ms(percentile(comp, 99)), ms(percentile(disp, 50)))}, 3, "ms"))
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_low_p99_ms", Label: "submit→complete p99, low load", Value: ms(percentile(comp, 99)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_low_p50_ms", Label: "submit→dispatch p50, low load", Value: ms(percentile(disp, 50)), Unit: "ms"})
+	e.logf("latency: low load complete p50 %.2f ms", ms(percentile(comp, 50)))
+
+	// Half of the maximum: paced asynchronous submissions.
+	rate, ok := e.rep.Value("jobs_per_s")
+	how := "half of jobs_per_s measured above"
+	if !ok || rate <= 0 {
+		rate, how = 400, "no throughput phase in this run: 200 jobs/s assumed as half"
+	}
+	rate /= 2
+	dur := pick(e, 8*time.Second, 3*time.Second)
+	total := int(rate * dur.Seconds())
+	sent := make(map[string]time.Time, total)
+	before := d.track.Count()
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	for i := 0; i < total; {
+		<-tick.C
+		due := int(time.Since(start).Seconds() * rate)
+		for ; i < due && i < total; i++ {
+			id := fmt.Sprintf("half-%d", i)
+			sent[id] = time.Now()
+			if _, err := d.js.PublishMsgAsync(submission(id, spec)); err != nil {
+				tb.Fatalf("submit: %v", err)
+			}
+		}
+	}
+	tick.Stop()
+	if !d.track.waitCount(before+total, 2*time.Minute) {
+		tb.Fatalf("half load: only %d of %d jobs finished", d.track.Count()-before, total)
+	}
+	comp, disp = comp[:0], disp[:0]
+	mu.Lock()
+	for id, t0 := range sent {
+		at, _ := d.track.at(id)
+		comp = append(comp, at.Sub(t0))
+		disp = append(disp, dispatched[id].Sub(t0))
+	}
+	mu.Unlock()
+	note := fmt.Sprintf("%.0f jobs/s offered for %s (%s)", rate, dur, how)
+	e.rep.Add(atMost(Figure{Section: sec, Key: "submit_dispatch_p99_ms", Label: "submit→dispatch p99, half load", Value: ms(percentile(disp, 99)), Unit: "ms",
+		Note: note}, 5, "ms"))
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_p50_ms", Label: "submit→dispatch p50, half load", Value: ms(percentile(disp, 50)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_max_ms", Label: "submit→dispatch max, half load", Value: ms(percentile(disp, 100)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_p50_ms", Label: "submit→complete p50, half load", Value: ms(percentile(comp, 50)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_p99_ms", Label: "submit→complete p99, half load", Value: ms(percentile(comp, 99)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_max_ms", Label: "submit→complete max, half load", Value: ms(percentile(comp, 100)), Unit: "ms"})
+	e.rep.Set("latency_half_load_offered_per_s", round(rate))
+	e.logf("latency: half load (%.0f/s) dispatch p99 %.2f ms, complete p99 %.2f ms", rate, ms(percentile(disp, 99)), ms(percentile(comp, 99)))
+}
