@@ -13,7 +13,8 @@ import (
 )
 
 func (a *app) jobCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "job", Short: "Inspect one job"}
+	cmd := &cobra.Command{Use: "job", Short: "Inspect, cancel or retry one job"}
+	cmd.AddCommand(a.jobOpsCommands()...)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "show ID",
 		Short: "Show a job and its steps: state, attempt, agent, epoch, lease, error and attempts",

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -26,7 +28,71 @@ type ShellConfig struct {
 	// TailBytes is how many trailing bytes of stdout and stderr go into the
 	// result. Defaults to 4096.
 	TailBytes int `yaml:"tail_bytes"`
+	// ExitCodes maps a command's non-zero exit code to the class of its
+	// failure, "retriable" or "permanent", e.g. {75: retriable, 1:
+	// permanent}. A task's own exit_codes parameter overrides it code by
+	// code. An unmapped code is reported without a class, for the
+	// scheduler to classify by message. Defaults to none.
+	ExitCodes map[int]string `yaml:"exit_codes"`
 }
+
+// Exit code classes.
+const (
+	ExitRetriable = "retriable"
+	ExitPermanent = "permanent"
+)
+
+// Validate reports the first exit_codes entry that is not 1..255 mapped to
+// retriable or permanent.
+func (c ShellConfig) Validate() error {
+	if err := checkExitCodes(c.ExitCodes); err != nil {
+		return fmt.Errorf("shell.exit_codes: %w", err)
+	}
+	return nil
+}
+
+// checkExitCodes checks every entry, lowest code first.
+func checkExitCodes(m map[int]string) error {
+	codes := make([]int, 0, len(m))
+	for code := range m {
+		codes = append(codes, code)
+	}
+	sort.Ints(codes)
+	for _, code := range codes {
+		if err := checkExitCode(code, m[code]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkExitCode(code int, class string) error {
+	if code < 1 || code > 255 {
+		return fmt.Errorf("exit code %d: must be between 1 and 255", code)
+	}
+	if c := normaliseExitClass(class); c != ExitRetriable && c != ExitPermanent {
+		return fmt.Errorf("exit code %d: class must be %q or %q, got %q", code, ExitRetriable, ExitPermanent, class)
+	}
+	return nil
+}
+
+func normaliseExitClass(class string) string { return strings.ToLower(strings.TrimSpace(class)) }
+
+// ExitError is a command that ran and exited with a non-zero code.
+type ExitError struct {
+	Command string
+	Code    int
+	// Class is what exit_codes maps Code to; "" when unmapped.
+	Class string
+}
+
+func (e *ExitError) Error() string {
+	return fmt.Sprintf("shell: %s exited with code %d", e.Command, e.Code)
+}
+
+// ErrorClass is read by pkg/agent: "retriable", "permanent" or "" (let the
+// scheduler classify the message).
+func (e *ExitError) ErrorClass() string { return e.Class }
 
 // ShellParams are the parameters of shell.
 type ShellParams struct {
@@ -40,6 +106,9 @@ type ShellParams struct {
 	Dir string `json:"dir,omitempty"`
 	// Timeout kills the command after this long. Defaults to the task's deadline.
 	Timeout protocol.Duration `json:"timeout,omitempty"`
+	// ExitCodes maps exit codes to failure classes for this task, over
+	// shell.exit_codes, e.g. {"75": "retriable"}.
+	ExitCodes map[int]string `json:"exit_codes,omitempty"`
 }
 
 // ShellOutput is shell's output; it is reported on failure too.
@@ -58,6 +127,7 @@ func Shell(cfg ShellConfig) Func {
 	if cfg.TailBytes <= 0 {
 		cfg.TailBytes = DefaultTailBytes
 	}
+	cfg.ExitCodes = maps.Clone(cfg.ExitCodes)
 	return func(ctx context.Context, params json.RawMessage) (any, error) {
 		var p ShellParams
 		if err := Decode(params, &p); err != nil {
@@ -69,17 +139,34 @@ func Shell(cfg ShellConfig) Func {
 		if !slices.Contains(cfg.AllowedCommands, p.Command) {
 			return nil, Permanentf("%w: %q is not in shell.allowed_commands %q", ErrCommandNotAllowed, p.Command, cfg.AllowedCommands)
 		}
+		if err := checkExitCodes(p.ExitCodes); err != nil {
+			return nil, Permanentf("%w: field \"exit_codes\": %w", ErrInvalidParams, err)
+		}
 		if p.Timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeoutCause(ctx, p.Timeout.Std(),
 				fmt.Errorf("shell: command timed out after %s", p.Timeout))
 			defer cancel()
 		}
-		return runCommand(ctx, cfg.TailBytes, p)
+		return runCommand(ctx, cfg, p)
 	}
 }
 
-func runCommand(ctx context.Context, tailBytes int, p ShellParams) (any, error) {
+// exitClass is the class of code: the task's mapping, then the config's; an
+// invalid config entry (see Validate) counts as unmapped.
+func exitClass(cfg ShellConfig, p ShellParams, code int) string {
+	for _, m := range []map[int]string{p.ExitCodes, cfg.ExitCodes} {
+		if class, ok := m[code]; ok {
+			if c := normaliseExitClass(class); c == ExitRetriable || c == ExitPermanent {
+				return c
+			}
+		}
+	}
+	return ""
+}
+
+func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error) {
+	tailBytes := cfg.TailBytes
 	cmd := exec.CommandContext(ctx, p.Command, p.Args...)
 	cmd.Dir = p.Dir
 	cmd.Env = commandEnv(p.Env)
@@ -105,7 +192,7 @@ func runCommand(ctx context.Context, tailBytes int, p ShellParams) (any, error) 
 	}
 	var exitErr *exec.ExitError
 	if errors.As(err, &exitErr) {
-		return out, fmt.Errorf("shell: %s exited with code %d", p.Command, out.ExitCode)
+		return out, &ExitError{Command: p.Command, Code: out.ExitCode, Class: exitClass(cfg, p, out.ExitCode)}
 	}
 	return out, fmt.Errorf("shell: %s: %w", p.Command, err)
 }

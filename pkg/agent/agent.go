@@ -49,6 +49,9 @@ type Agent struct {
 	draining atomic.Bool
 	stats    counters
 	iso      *isolation
+	// held is set by an operator's drain: no new task is fetched.
+	held    atomic.Bool
+	running sync.Map // "<job>.<step>.<epoch>" -> context.CancelCauseFunc
 }
 
 // Option configures an Agent.

@@ -26,6 +26,11 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	slots := make(chan struct{}, a.cfg.MaxConcurrent)
 	backoff := minFetchBackoff
 	for {
+		for a.held.Load() { // drained by an operator
+			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
+				return
+			}
+		}
 		select {
 		case slots <- struct{}{}:
 		case <-fetchCtx.Done():

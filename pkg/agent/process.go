@@ -75,6 +75,10 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 	go func() { defer close(keeperDone); keeper.run(keeperCtx) }()
 	defer func() { stopKeeper(); <-keeperDone }()
 
+	runKey := protocol.TaskMsgID(pt.JobID, pt.StepID, pt.Epoch)
+	a.running.Store(runKey, cancelHandler)
+	defer a.running.Delete(runKey)
+
 	// A suspect waits here, its lease kept, until it can run alone.
 	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
 	if release == nil {
@@ -101,6 +105,9 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		a.stats.leaseLost.Add(1)
 		log.Warn().Time("lease_until", keeper.Believed()).Msg("lease lost: abandoning the task without a report")
 		return
+	case errors.Is(cause, ErrCancelled):
+		// An operator cancelled the step: report it, so it ends cancelled.
+		o = outcome{err: Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, firstErr(o.err, cause)))}
 	case o.err != nil && errors.Is(cause, ErrShutdown):
 		log.Info().Msg("cancelled by shutdown: handing the task back")
 		a.handBack(msg)
@@ -163,4 +170,13 @@ func logResult(log zerolog.Logger, r protocol.Result) {
 		ev = log.Warn().Str("error", r.Error).Str("error_class", r.ErrorClass)
 	}
 	ev.Str("status", r.Status).Dur("took", r.FinishedAt.Sub(r.StartedAt)).Msg("task reported")
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
 }

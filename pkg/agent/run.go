@@ -58,6 +58,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopAnnouncer()
 	stopMetrics := a.serveMetrics(ctx)
 	defer stopMetrics()
+	ctrl, err := a.serveControl()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ctrl.Unsubscribe() }()
 	close(a.ready)
 	a.log.Info().Str("task_subject", a.TaskSubject()).Strs("actions", a.allowedNames).
 		Int("max_concurrent", a.cfg.MaxConcurrent).Msg("agent ready")

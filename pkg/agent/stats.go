@@ -57,7 +57,7 @@ func (a *Agent) presence() protocol.Presence {
 		Version:       Version,
 		Host:          a.host,
 		PID:           pid,
-		Draining:      a.draining.Load(),
+		Draining:      a.draining.Load() || a.held.Load(),
 		TaskStream:    protocol.TaskStream(a.shard),
 		TaskSubject:   protocol.TaskSubject(a.shard, a.cfg.Pool, a.cfg.ID),
 		StartedAt:     a.startedAt,

@@ -59,7 +59,7 @@ func (e *Env) runFailover(tb *runTB) {
 	// Record when each step succeeds, from a watch of the job store.
 	var mu sync.Mutex
 	succeeded := map[string]time.Time{}
-	w, err := kv.Watch(ctx, "step.fo-*.s", jetstream.UpdatesOnly())
+	w, err := kv.Watch(ctx, "step.*.s", jetstream.UpdatesOnly())
 	if err != nil {
 		tb.Fatalf("watch: %v", err)
 	}
@@ -142,6 +142,9 @@ func (e *Env) runFailover(tb *runTB) {
 		}
 	}
 	mu.Unlock()
+	if len(times) == 0 {
+		tb.Fatalf("no killed step completed elsewhere within 60s")
+	}
 	if len(times) < trials {
 		e.rep.Note("failover: only %d of %d killed steps completed elsewhere within 60s", len(times), trials)
 	}

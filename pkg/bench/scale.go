@@ -97,7 +97,6 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	e.logf("scale %d: idle cores %v, heartbeats %.0f/s", n, cores, hb)
 
 	// Selection cost: what a dispatch does, on the real presence view.
-	sel := selection.New()
 	ids := fleet.IDs()
 	decisions := max(200, min(20000, 2_000_000/n))
 	ts := time.Now()
@@ -106,7 +105,9 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 		if i%2 == 0 {
 			req.Agent = ids[i%len(ids)]
 		}
-		if _, err := sel.Choose(view.Pool("default"), req); err != nil {
+		// A fresh selector each time: its assignment counts would
+		// otherwise fill the agents' capacity.
+		if _, err := selection.New().Choose(view.Pool("default"), req); err != nil {
 			tb.Fatalf("choose: %v", err)
 		}
 	}

@@ -31,7 +31,11 @@ func (t *runTB) Name() string { return t.name }
 func (t *runTB) Failed() bool { t.mu.Lock(); defer t.mu.Unlock(); return t.failed }
 func (t *runTB) Logf(format string, args ...any) {
 	if t.logf != nil {
-		t.logf(format, args...)
+		msg := fmt.Sprintf(format, args...)
+		if len(msg) > 4000 {
+			msg = "…" + msg[len(msg)-4000:]
+		}
+		t.logf("%s", msg)
 	}
 }
 func (t *runTB) Fatalf(format string, args ...any) {

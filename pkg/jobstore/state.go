@@ -74,6 +74,11 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 	}
 	s.ErrorCount++
 	s.LastError = r.Error
+	if s.Desired == StepCancelled {
+		s.State = StepCancelled
+		s.FinishedAt = now
+		return OutcomeFailed, nil
+	}
 	if retriable && s.Attempt <= s.MaxRetries {
 		s.State = StepPending
 		s.Actor = ""

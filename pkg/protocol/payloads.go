@@ -71,6 +71,29 @@ type Presence struct {
 	HeartbeatAt   time.Time         `json:"heartbeat_at"`
 }
 
+// Control is an order to one agent on its AgentControlSubject.
+type Control struct {
+	// Op is one of the Control* ops.
+	Op string `json:"op"`
+	// JobID, StepID and Epoch name the task a cancel is about.
+	JobID  string `json:"job_id,omitempty"`
+	StepID string `json:"step_id,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+}
+
+// Control ops.
+const (
+	// ControlCancel cancels the named task's handler; the step ends cancelled.
+	ControlCancel = "cancel"
+	// ControlDrain stops taking new tasks; in-flight ones finish.
+	ControlDrain = "drain"
+	// ControlUndrain takes tasks again.
+	ControlUndrain = "undrain"
+)
+
+// ErrorCancelled starts the error of a result whose step was cancelled.
+const ErrorCancelled = "cancelled"
+
 // SubmitReply is published to a submission's Warden-Reply-To subject.
 type SubmitReply struct {
 	JobID string `json:"job_id,omitempty"`

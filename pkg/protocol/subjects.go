@@ -23,6 +23,9 @@ const (
 	// SubjectControlAdvance asks a scheduler (request-reply, queue group
 	// "scheduler") to advance the job named in the body now.
 	SubjectControlAdvance = "warden.control.advance"
+	// SubjectControlFailover asks the supervisor leader (request-reply) to
+	// fail over the agent whose presence key (<pool>.<agent>) is the body.
+	SubjectControlFailover = "warden.control.failover"
 
 	StreamSubmit  = "WARDEN_SUBMIT"
 	StreamResults = "WARDEN_RESULTS"
@@ -87,6 +90,12 @@ func EventSubject(kind, id string) string {
 // DLQSubject is the subject a dead letter of an agent is stored under.
 func DLQSubject(pool, agent string) string {
 	return SubjectDLQPrefix + "." + pool + "." + agent
+}
+
+// AgentControlSubject is where an agent takes orders (request-reply, body a
+// Control): cancel a running step, drain, undrain.
+func AgentControlSubject(pool, agent string) string {
+	return "warden.control.agent." + pool + "." + agent
 }
 
 // PresenceKey is an agent's key in the presence bucket.

@@ -144,6 +144,11 @@ const (
 // re-dispatched with a new epoch to the best other agent; then the original
 // message is deleted. Stale tasks (their step moved on) are just deleted.
 func (l *leader) failover(ctx context.Context, s suspect) error {
+	_, err := l.failoverRecord(ctx, s)
+	return err
+}
+
+func (l *leader) failoverRecord(ctx context.Context, s suspect) (FailoverRecord, error) {
 	p := s.presence
 	rec := FailoverRecord{ID: nuid.Next(), Agent: p.ID, Pool: p.Pool, StartedAt: l.now().UTC()}
 	streamName, subject := p.TaskStream, p.TaskSubject
@@ -153,7 +158,7 @@ func (l *leader) failover(ctx context.Context, s suspect) error {
 	}
 	stream, err := l.js.Stream(ctx, streamName)
 	if err != nil {
-		return fmt.Errorf("task stream %s: %w", streamName, err)
+		return rec, fmt.Errorf("task stream %s: %w", streamName, err)
 	}
 	moved := map[string][]string{} // job -> steps
 	for seq := uint64(1); ; {
@@ -162,24 +167,24 @@ func (l *leader) failover(ctx context.Context, s suspect) error {
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("read queue of %s: %w", p.ID, err)
+			return rec, fmt.Errorf("read queue of %s: %w", p.ID, err)
 		}
 		seq = raw.Sequence + 1
 		if err := l.fence(); err != nil {
-			return err
+			return rec, err
 		}
 		job, step := raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep)
 		epoch, _ := strconv.ParseUint(raw.Header.Get(protocol.HeaderEpoch), 10, 64)
 		released, err := l.releaseForTransfer(ctx, job, step, epoch, p.ID, raw)
 		if err != nil {
-			return err
+			return rec, err
 		}
 		if released {
 			moved[job] = append(moved[job], step)
 			rec.TasksMoved++
 		}
 		if err := stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("delete transferred task %d: %w", raw.Sequence, err)
+			return rec, fmt.Errorf("delete transferred task %d: %w", raw.Sequence, err)
 		}
 	}
 	targets := map[string]bool{}
@@ -213,7 +218,7 @@ func (l *leader) failover(ctx context.Context, s suspect) error {
 	l.metrics.failovers.WithLabelValues(rec.Outcome).Inc()
 	l.metrics.transferred.Add(float64(rec.TasksMoved))
 	l.publishFailover(ctx, rec)
-	return nil
+	return rec, nil
 }
 
 // releaseForTransfer releases the step a queued task stands for, if the

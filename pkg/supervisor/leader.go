@@ -3,9 +3,12 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/pkg/dispatch"
@@ -13,6 +16,7 @@ import (
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/lease"
 	"github.com/wardenhq/warden/pkg/presence"
+	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/selection"
 )
 
@@ -96,6 +100,13 @@ func (s *Supervisor) leadTerm(ctx context.Context, el *lease.Elector, epoch uint
 	run("recovery", l.recoverLoop)
 	run("failover", func(ctx context.Context) error { return l.failoverLoop(ctx, failures) })
 	run("dead letters", l.deadLetterLoop)
+	ctrl, err := s.nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) { l.manualFailover(ctx, m) })
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return fmt.Errorf("subscribe %s: %w", protocol.SubjectControlFailover, err)
+	}
+	defer func() { _ = ctrl.Unsubscribe() }()
 	s.metrics.leader.Set(1)
 	defer s.metrics.leader.Set(0)
 	log.Info().Msg("leading: lease recovery, agent failover and dead letters active")
@@ -120,4 +131,28 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// manualFailover serves `warden agent failover`: the agent's queue moves now,
+// whether or not its presence is gone.
+func (l *leader) manualFailover(ctx context.Context, m *nats.Msg) {
+	key := string(m.Data)
+	pool, agent, ok := strings.Cut(key, ".")
+	if !ok || !protocol.ValidToken(pool) || !protocol.ValidToken(agent) {
+		_ = m.Respond([]byte("error: expected <pool>.<agent>, got " + strconv.Quote(key)))
+		return
+	}
+	p := protocol.Presence{ID: agent, Pool: pool}
+	for _, a := range l.view.Pool(pool) {
+		if a.ID == agent {
+			p = a
+		}
+	}
+	l.log.Warn().Str("agent", key).Msg("failover requested by an operator")
+	rec, err := l.failoverRecord(ctx, suspect{presence: p, since: l.now()})
+	if err != nil {
+		_ = m.Respond([]byte("error: " + err.Error()))
+		return
+	}
+	_ = m.Respond([]byte(fmt.Sprintf("failover %s: %d tasks moved to %v, %d waiting (%s)", rec.ID, rec.TasksMoved, rec.Targets, rec.Waiting, rec.Outcome)))
 }

@@ -20,6 +20,7 @@ const LeaseKey = "supervisor"
 // Supervisor is one supervisor process.
 type Supervisor struct {
 	cfg     Config
+	nc      *nats.Conn
 	js      jetstream.JetStream
 	log     zerolog.Logger
 	metrics *Metrics
@@ -39,7 +40,7 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Supervisor{cfg: cfg, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger(), metrics: m, now: time.Now}, nil
+	return &Supervisor{cfg: cfg, nc: nc, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger(), metrics: m, now: time.Now}, nil
 }
 
 // Run ensures the streams, then campaigns for leadership until ctx ends.

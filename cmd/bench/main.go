@@ -1,0 +1,30 @@
+// Command bench runs Warden's benchmark suite (`make bench`): raw JetStream
+// baseline, Warden throughput, latency, failover, scale and memory, in one
+// run, and writes bench/results/<timestamp>.json and latest.json.
+//
+//	bench [--quick] [--only raw,throughput,latency,failover,scale,memory]
+//	bench agent --server URL --id ID ...   (a real agent, used by failover)
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "agent" {
+		err = runAgent(ctx, os.Args[2:])
+	} else {
+		err = run(ctx, os.Args[1:])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

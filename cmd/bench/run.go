@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/bench"
+)
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "shorter phases, smaller fleets (a smoke run, about 2 minutes)")
+	only := fs.String("only", "", "comma-separated phases to run: "+strings.Join(bench.Phases, ","))
+	server := fs.String("server", "binary", "binary: a nats-server process per phase; embedded: in this process")
+	natsServer := fs.String("nats-server", "", "nats-server binary (default: build the go.mod version)")
+	out := fs.String("out", "bench/results", "results directory")
+	noWrite := fs.Bool("no-write", false, "print only; write no result files")
+	agents := fs.String("agents", "", "scale phase fleet sizes (default 100,1000,5000; quick 100,1000)")
+	rssSteps := fs.Int("rss-steps", 0, "queued steps in the memory phase (default 1000000; quick 100000)")
+	foTrials := fs.Int("failover-trials", 0, "agents killed holding a step (default 24; quick 8)")
+	toTrials := fs.Int("takeover-trials", 0, "supervisor leader kills (default 3; quick 1)")
+	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process scheduler, supervisor and light agents)")
+	workdir := fs.String("workdir", "", "keep binaries and stores here (default: a temp dir, removed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := bench.Config{Quick: *quick, Server: *server, NATSServer: *natsServer, WorkDir: *workdir,
+		RSSSteps: *rssSteps, FailoverTrials: *foTrials, TakeoverTrials: *toTrials, Log: os.Stderr}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	if *agents != "" {
+		for _, s := range strings.Split(*agents, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 {
+				return fmt.Errorf("--agents: %q is not a positive number", s)
+			}
+			cfg.ScaleAgents = append(cfg.ScaleAgents, n)
+		}
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	_ = ctx // phases bound themselves; Ctrl-C kills the run and its children
+	started := time.Now()
+	rep, err := bench.Run(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	rep.Print(os.Stdout)
+	if !*noWrite {
+		paths, err := rep.WriteFiles(*out, started)
+		if err != nil {
+			return err
+		}
+		fmt.Println("\nwrote", strings.Join(paths, ", "))
+	}
+	return nil
+}

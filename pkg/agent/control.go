@@ -1,0 +1,57 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// ErrCancelled is the handler context's cause when an operator cancelled
+// the step (warden job cancel).
+var ErrCancelled = errors.New("step cancelled by an operator")
+
+// serveControl answers orders on the agent's control subject.
+func (a *Agent) serveControl() (*nats.Subscription, error) {
+	subject := protocol.AgentControlSubject(a.cfg.Pool, a.cfg.ID)
+	sub, err := a.nc.Subscribe(subject, func(m *nats.Msg) {
+		reply := "ok"
+		if err := a.control(m.Data); err != nil {
+			reply = "error: " + err.Error()
+		}
+		_ = m.Respond([]byte(reply))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
+	}
+	return sub, nil
+}
+
+func (a *Agent) control(body []byte) error {
+	var c protocol.Control
+	if err := json.Unmarshal(body, &c); err != nil {
+		return fmt.Errorf("undecodable control message: %w", err)
+	}
+	switch c.Op {
+	case protocol.ControlCancel:
+		v, ok := a.running.Load(protocol.TaskMsgID(c.JobID, c.StepID, c.Epoch))
+		if !ok {
+			return fmt.Errorf("step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
+		}
+		a.log.Warn().Str("job_id", c.JobID).Str("step_id", c.StepID).Msg("cancelling a running step on request")
+		v.(context.CancelCauseFunc)(ErrCancelled)
+	case protocol.ControlDrain:
+		a.held.Store(true)
+		a.log.Warn().Msg("drained by an operator: taking no new tasks")
+	case protocol.ControlUndrain:
+		a.held.Store(false)
+		a.log.Info().Msg("undrained by an operator: taking tasks again")
+	default:
+		return fmt.Errorf("unknown control op %q", c.Op)
+	}
+	return nil
+}
