@@ -70,7 +70,15 @@ func (s *Dispatcher) advanceOnce(ctx context.Context, jobID string) error {
 		}
 	}
 	var waiting error
+	var retryAt time.Time
 	for _, st := range plan.Ready {
+		if st.NotBefore.After(now) {
+			// A retry in its backoff: not yet.
+			if retryAt.IsZero() || st.NotBefore.Before(retryAt) {
+				retryAt = st.NotBefore
+			}
+			continue
+		}
 		if err := s.dispatch(ctx, st, revs[st.ID]); err != nil {
 			if errors.Is(err, ErrWaiting) {
 				waiting = err
@@ -84,6 +92,9 @@ func (s *Dispatcher) advanceOnce(ctx context.Context, jobID string) error {
 	}
 	if err := s.recordJobState(ctx, job, jrev, plan); err != nil {
 		return err
+	}
+	if waiting == nil && !retryAt.IsZero() {
+		return &WaitError{Until: retryAt}
 	}
 	return waiting
 }

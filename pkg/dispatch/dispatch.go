@@ -26,6 +26,17 @@ import (
 // later (schedulers redeliver the message that triggered the advance).
 var ErrWaiting = errors.New("waiting for an agent")
 
+// WaitError says the job has a retry waiting for its backoff until Until;
+// it matches ErrWaiting. The caller comes back then.
+type WaitError struct{ Until time.Time }
+
+func (e *WaitError) Error() string {
+	return "retry waiting for its backoff until " + e.Until.UTC().Format(time.RFC3339Nano)
+}
+
+// Is makes errors.Is(err, ErrWaiting) true.
+func (e *WaitError) Is(target error) bool { return target == ErrWaiting }
+
 // Config is what dispatching needs to know.
 type Config struct {
 	// TaskShards is the number of task streams.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -83,6 +84,10 @@ type Step struct {
 	DependsOn  []string          `json:"depends_on,omitempty"`
 	Timeout    protocol.Duration `json:"timeout"`
 	MaxRetries int               `json:"max_retries"`
+	// Retry is the step's own retry override from its spec, if any.
+	Retry *retry.Override `json:"retry,omitempty"`
+	// NotBefore holds a retry back until its backoff has passed.
+	NotBefore time.Time `json:"not_before,omitzero"`
 	// ExpiresAt: a step not started by then fails as expired.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 
@@ -122,8 +127,12 @@ func NewJob(id string, sp spec.Job, now time.Time) *Job {
 
 // StepDefaults fill what a spec step leaves out.
 type StepDefaults struct {
-	Timeout    time.Duration
+	Timeout time.Duration
+	// MaxRetries applies when Retry is nil.
 	MaxRetries int
+	// Retry resolves each step's max_retries from its action's policy and
+	// its own override.
+	Retry *retry.Policies
 	// Expiry applies to steps without expires_in; zero: no expiry.
 	Expiry time.Duration
 }
@@ -149,7 +158,11 @@ func NewSteps(jobID string, sp spec.Job, d StepDefaults, now time.Time) ([]*Step
 		if st.Timeout == 0 {
 			st.Timeout = protocol.Duration(d.Timeout)
 		}
-		if s.MaxRetries != nil {
+		st.Retry = s.RetryOverride()
+		switch {
+		case d.Retry != nil:
+			st.MaxRetries = d.Retry.Resolve(s.Action, st.Retry).MaxRetries
+		case s.MaxRetries != nil:
 			st.MaxRetries = *s.MaxRetries
 		}
 		if exp := max(s.ExpiresIn.Std(), 0); exp > 0 {

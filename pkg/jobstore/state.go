@@ -25,6 +25,7 @@ func (s *Step) Dispatch(agent string, now time.Time, grace time.Duration) error 
 	s.State = StepDispatched
 	s.Actor = agent
 	s.Waiting = ""
+	s.NotBefore = time.Time{}
 	s.LockedUntil = now.Add(s.Timeout.Std() + grace)
 	s.UpdatedAt = now
 	s.Attempts = append(s.Attempts, Attempt{Epoch: s.Epoch, Agent: agent, StartedAt: now, Status: string(StepDispatched)})

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wardenhq/warden/pkg/config"
 	"github.com/wardenhq/warden/pkg/natsconn"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
@@ -23,15 +25,17 @@ type Config struct {
 	MaxSteps int `yaml:"max_steps"`
 	// DefaultStepTimeout applies to steps without a timeout. Defaults to 5m.
 	DefaultStepTimeout protocol.Duration `yaml:"default_step_timeout"`
-	// DefaultMaxRetries applies to steps without max_retries. Defaults to 3.
-	DefaultMaxRetries int `yaml:"default_max_retries"`
+	// RetryConfig is the retry configuration file (configs/retry.yaml):
+	// policies per action and failure classification. Defaults to "" (the
+	// built-in defaults written out in configs/retry.yaml).
+	RetryConfig string `yaml:"retry_config"`
+	// Retry is the loaded retry configuration; set it directly when
+	// embedding the scheduler. Not read from YAML.
+	Retry *retry.Config `yaml:"-"`
 	// DefaultTaskExpiry applies to steps without expires_in: a step not
 	// started this long after submission fails as expired. Defaults to 0
 	// (no expiry).
 	DefaultTaskExpiry protocol.Duration `yaml:"default_task_expiry"`
-	// RetryUnclassified says whether a failure the agent did not classify
-	// and no pattern recognises is retried. Defaults to false (permanent).
-	RetryUnclassified bool `yaml:"retry_unclassified"`
 	// DispatchGrace is added to a step's timeout to form its lease
 	// (locked_until): time for the task to wait in the agent's queue and for
 	// the result to travel back. Defaults to 30s.
@@ -39,6 +43,9 @@ type Config struct {
 	// WaitRetry is how soon a message whose step found no agent is handled
 	// again. Defaults to 1s.
 	WaitRetry protocol.Duration `yaml:"wait_retry"`
+	// CapacityRetry is how soon a message whose step found every eligible
+	// agent at max_concurrent is handled again. Defaults to 200ms.
+	CapacityRetry protocol.Duration `yaml:"capacity_retry"`
 	// Workers handle messages concurrently; a job always goes to the same
 	// worker. Defaults to 16.
 	Workers int `yaml:"workers"`
@@ -70,14 +77,14 @@ func (c Config) WithDefaults() Config {
 	if c.DefaultStepTimeout == 0 {
 		c.DefaultStepTimeout = protocol.Duration(5 * time.Minute)
 	}
-	if c.DefaultMaxRetries == 0 {
-		c.DefaultMaxRetries = 3
-	}
 	if c.DispatchGrace == 0 {
 		c.DispatchGrace = protocol.Duration(30 * time.Second)
 	}
 	if c.WaitRetry == 0 {
 		c.WaitRetry = protocol.Duration(time.Second)
+	}
+	if c.CapacityRetry == 0 {
+		c.CapacityRetry = protocol.Duration(200 * time.Millisecond)
 	}
 	if c.Workers == 0 {
 		c.Workers = 16
@@ -97,8 +104,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("task_shards must be at least 1, got %d", c.TaskShards)
 	case c.MaxSpecBytes < 1024 || c.MaxSpecBytes > 1<<20:
 		return fmt.Errorf("max_spec_bytes must be between 1024 and 1048576 (the NATS payload limit), got %d", c.MaxSpecBytes)
-	case c.DefaultMaxRetries < 0:
-		return fmt.Errorf("default_max_retries must not be negative, got %d", c.DefaultMaxRetries)
 	case c.Workers < 1:
 		return fmt.Errorf("workers must be at least 1, got %d", c.Workers)
 	}
@@ -111,4 +116,21 @@ func (c Config) limits() spec.Limits {
 
 func (c Config) streamOptions() streams.Options {
 	return streams.Options{Replicas: c.Replicas, TaskShards: c.TaskShards}
+}
+
+// loadRetry returns the retry configuration: Retry if set, else the file
+// RetryConfig decoded onto the defaults.
+func (c Config) loadRetry() (retry.Config, error) {
+	if c.Retry != nil {
+		return c.Retry.WithDefaults(), c.Retry.WithDefaults().Validate()
+	}
+	rc := retry.DefaultConfig()
+	if err := config.Load(c.RetryConfig, &rc); err != nil {
+		return rc, fmt.Errorf("retry_config %s: %w", c.RetryConfig, err)
+	}
+	rc = rc.WithDefaults()
+	if err := rc.Validate(); err != nil {
+		return rc, fmt.Errorf("retry_config %s: %w", c.RetryConfig, err)
+	}
+	return rc, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -11,7 +12,6 @@ import (
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/retry"
 )
 
 // handleResult applies an agent's result to its step, then advances the job.
@@ -50,7 +50,17 @@ func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
 			s.settle(msg, s.dispatch.Advance(ctx, r.JobID), log)
 			return
 		}
-		outcome, err := st.ApplyResult(r, retry.Retriable(r.ErrorClass, r.Error, s.cfg.RetryUnclassified), s.now().UTC())
+		now := s.now().UTC()
+		decision, delay, again := s.retry.Decide(st.Action, st.Retry, max(st.Attempt-1, 0), r.ErrorClass, r.Error, r.RetryAfter.Std(), rand.Float64)
+		outcome, err := st.ApplyResult(r, again, now)
+		if err == nil && r.Status != protocol.ResultSucceeded {
+			if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == r.Epoch {
+				st.Attempts[n-1].Class = decision.Class
+			}
+			if outcome == jobstore.OutcomeRetry {
+				st.NotBefore = now.Add(delay)
+			}
+		}
 		if errors.Is(err, jobstore.ErrStale) {
 			s.metrics.StaleResult()
 			log.Warn().Err(err).Msg("stale result dropped")
@@ -72,13 +82,16 @@ func (s *Scheduler) handleResult(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 		s.metrics.ResultApplied(r.Status)
+		// The agent has a free slot again, whatever its last heartbeat says.
+		s.selector.Release(protocol.PresenceKey(st.Pool, r.Agent), r.FinishedAt)
 		switch outcome {
 		case jobstore.OutcomeSucceeded:
 			log.Info().Msg("step succeeded")
 		case jobstore.OutcomeRetry:
-			log.Warn().Str("error", r.Error).Int("attempt", st.Attempt).Int("max_retries", st.MaxRetries).Msg("step failed; retrying")
+			log.Warn().Str("error", r.Error).Str("class", decision.Class).Int("attempt", st.Attempt).Int("max_retries", st.MaxRetries).
+				Time("retry_at", st.NotBefore).Msg("step failed; retrying after backoff")
 		case jobstore.OutcomeFailed:
-			log.Warn().Str("error", r.Error).Int("attempt", st.Attempt).Msg("step failed")
+			log.Warn().Str("error", r.Error).Str("class", decision.Class).Bool("retriable", decision.Retriable).Int("attempt", st.Attempt).Msg("step failed")
 		}
 		s.settle(msg, s.dispatch.Advance(ctx, r.JobID), log)
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
 	"github.com/wardenhq/warden/pkg/selection"
 	"github.com/wardenhq/warden/streams"
 )
@@ -34,6 +35,7 @@ type Scheduler struct {
 	selector *selection.Selector
 	events   *events.Publisher
 	dispatch *dispatch.Dispatcher
+	retry    retry.Config
 }
 
 // Option customises a Scheduler.
@@ -58,7 +60,11 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Scheduler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Scheduler{cfg: cfg, nc: nc, js: js, log: zerolog.Nop(), metrics: NopMetrics{}, now: time.Now,
+	rc, err := cfg.loadRetry()
+	if err != nil {
+		return nil, fmt.Errorf("scheduler config: %w", err)
+	}
+	s := &Scheduler{cfg: cfg, retry: rc, nc: nc, js: js, log: zerolog.Nop(), metrics: NopMetrics{}, now: time.Now,
 		selector: selection.New(), events: events.NewPublisher(js)}
 	for _, o := range opts {
 		o(s)
@@ -92,7 +98,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	s.dispatch = dispatch.New(dispatch.Config{
 		TaskShards:    s.cfg.TaskShards,
 		DispatchGrace: s.cfg.DispatchGrace.Std(),
-		StepDefaults: jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), MaxRetries: s.cfg.DefaultMaxRetries,
+		StepDefaults: jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), Retry: &s.retry.Policies,
 			Expiry: s.cfg.DefaultTaskExpiry.Std()},
 	}, s.js, store, view, s.selector, s.log, s.metrics, s.now)
 
@@ -233,8 +239,19 @@ func (s *Scheduler) settle(msg jetstream.Msg, err error, log zerolog.Logger) {
 			log.Warn().Err(aerr).Msg("ack failed; the message will be redelivered and handled again")
 		}
 	case errors.Is(err, dispatch.ErrWaiting):
-		log.Debug().Err(err).Msg("step waiting for an agent")
-		_ = msg.NakWithDelay(s.cfg.WaitRetry.Std())
+		// The message comes back when the wait may be over: a retry's
+		// backoff end (durable: the delay lives in the consumer, not in
+		// this process), or soon for a step waiting for an agent.
+		delay := s.cfg.WaitRetry.Std()
+		if errors.Is(err, selection.ErrAtCapacity) {
+			delay = s.cfg.CapacityRetry.Std()
+		}
+		var we *dispatch.WaitError
+		if errors.As(err, &we) {
+			delay = max(we.Until.Sub(s.now()), 10*time.Millisecond)
+		}
+		log.Debug().Err(err).Dur("retry_in", delay).Msg("job waiting")
+		_ = msg.NakWithDelay(delay)
 	default:
 		log.Warn().Err(err).Msg("handling failed; will retry")
 		_ = msg.NakWithDelay(s.cfg.WaitRetry.Std())

@@ -2,7 +2,23 @@ package spec
 
 import (
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
 )
+
+// RetryOverride is the step's retry override with max_retries folded in.
+func (s Step) RetryOverride() *retry.Override {
+	if s.Retry == nil && s.MaxRetries == nil {
+		return nil
+	}
+	var o retry.Override
+	if s.Retry != nil {
+		o = *s.Retry
+	}
+	if s.MaxRetries != nil {
+		o.MaxRetries = s.MaxRetries
+	}
+	return &o
+}
 
 // DefaultPool is the pool of a step that names none.
 const DefaultPool = "default"
@@ -37,6 +53,9 @@ type Step struct {
 	// MaxRetries bounds re-executions after a retriable failure; nil means
 	// the scheduler's default.
 	MaxRetries *int `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`
+	// Retry overrides the action's retry policy for this step (backoff,
+	// multiplier, jitter, max_retries); max_retries above wins over it.
+	Retry *retry.Override `json:"retry,omitempty" yaml:"retry,omitempty"`
 }
 
 // PoolOrDefault returns the step's pool.

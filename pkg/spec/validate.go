@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/retry"
 )
 
 // Validate checks the spec against the limits. The first problem found is
@@ -50,6 +51,11 @@ func (j *Job) Validate(l Limits) error {
 		}
 		if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
 			return invalid(ReasonInvalidValue, f+".max_retries", "must be between 0 and 100, got %d", *s.MaxRetries)
+		}
+		if o := s.RetryOverride(); o != nil {
+			if err := o.Apply(retry.DefaultPolicy()).Validate(); err != nil {
+				return invalid(ReasonInvalidValue, f+".retry", "%v", err)
+			}
 		}
 	}
 	for i, s := range j.Steps {

@@ -152,7 +152,11 @@ func (x *Index) ObserveStep(s *jobstore.Step) {
 	case jobstore.StepDispatched:
 		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: s.LockedUntil})
 	case jobstore.StepPending:
-		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: earliest(s.UpdatedAt.Add(x.grace), s.ExpiresAt)})
+		from := s.UpdatedAt
+		if s.NotBefore.After(from) {
+			from = s.NotBefore // a retry in its backoff is not stalled
+		}
+		x.put(&item{kind: itemStep, job: s.JobID, step: s.ID, due: earliest(from.Add(x.grace), s.ExpiresAt)})
 	default:
 		x.remove(key)
 	}

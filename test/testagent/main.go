@@ -7,6 +7,7 @@
 //
 //	ledger  record, then sleep params.duration (default 0)
 //	flaky   record, then fail as retriable when params.fail_attempts >= attempt
+//	chance  record, then fail as retriable with probability params.fail_rate
 //	crash   record, then kill the whole agent process (a poison task),
 //	        unless <ledger>.fixed exists
 package main
@@ -16,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/signal"
 	"strings"
@@ -76,7 +78,7 @@ func run(ctx context.Context) error {
 	if *caps != "" {
 		cfg.Capabilities = strings.Split(*caps, ",")
 	}
-	cfg.Actions = []string{"ledger", "flaky", "crash"}
+	cfg.Actions = []string{"ledger", "flaky", "chance", "crash"}
 	cfg.FetchWait = protocol.Duration(2 * time.Second)
 	// A short lease makes a crashed agent's redeliveries come quickly.
 	cfg.Lease = protocol.Duration(2 * time.Second)
@@ -113,6 +115,24 @@ func run(ctx context.Context) error {
 		}
 		if t.Attempt <= p.FailAttempts {
 			return nil, agent.Retriable(fmt.Errorf("temporary glitch on attempt %d", t.Attempt))
+		}
+		return "ok", nil
+	})
+	a.Handle("chance", func(ctx context.Context, t *agent.Task) (any, error) {
+		var p struct {
+			FailRate float64 `json:"fail_rate"`
+		}
+		if err := t.Bind(&p); err != nil {
+			return nil, err
+		}
+		if err := l.record(t); err != nil {
+			return nil, agent.Retriable(err)
+		}
+		// Deterministic per execution, so a run is reproducible.
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%s/%s/%d", t.JobID, t.StepID, t.Epoch)
+		if float64(h.Sum64()%10000)/10000 < p.FailRate {
+			return nil, agent.Retriable(errors.New("temporarily unavailable"))
 		}
 		return "ok", nil
 	})
