@@ -111,7 +111,7 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 	opts = opts.withDefaults()
 	var out []jetstream.KeyValueConfig
-	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json"} {
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json"} {
 		var c jetstream.KeyValueConfig
 		if err := decode(f, &c); err != nil {
 			return nil, err

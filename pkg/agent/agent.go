@@ -51,6 +51,9 @@ type Agent struct {
 	iso      *isolation
 	// held is set by an operator's drain: no new task is fetched.
 	held    atomic.Bool
+	// limit is how many tasks run at once: max_concurrent, or less when
+	// the supervisor reduces the load of an unhealthy agent.
+	limit   atomic.Int32
 	running sync.Map // "<job>.<step>.<epoch>" -> context.CancelCauseFunc
 }
 
@@ -74,6 +77,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
 	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), iso: newIsolation(cfg.MaxConcurrent)}
+	a.limit.Store(int32(cfg.MaxConcurrent))
 	for _, o := range opts {
 		o(a)
 	}

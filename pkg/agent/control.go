@@ -47,6 +47,13 @@ func (a *Agent) control(body []byte) error {
 	case protocol.ControlDrain:
 		a.held.Store(true)
 		a.log.Warn().Msg("drained by an operator: taking no new tasks")
+	case protocol.ControlLimit:
+		n := c.Value
+		if n <= 0 || n > a.cfg.MaxConcurrent {
+			n = a.cfg.MaxConcurrent
+		}
+		a.limit.Store(int32(n))
+		a.log.Warn().Int("limit", n).Int("max_concurrent", a.cfg.MaxConcurrent).Msg("concurrency limit set on request")
 	case protocol.ControlUndrain:
 		a.held.Store(false)
 		a.log.Info().Msg("undrained by an operator: taking tasks again")

@@ -26,7 +26,8 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	slots := make(chan struct{}, a.cfg.MaxConcurrent)
 	backoff := minFetchBackoff
 	for {
-		for a.held.Load() { // drained by an operator
+		// Drained by an operator, or over a limit the supervisor lowered.
+		for a.held.Load() || a.stats.inFlight.Load() >= int64(a.limit.Load()) && len(slots) > 0 {
 			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
 				return
 			}

@@ -144,6 +144,10 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 			TaskSubject: protocol.TaskSubject(shard, cfg.Pool, id), StartedAt: now}
 		f.agents = append(f.agents, a)
 	}
+	// Heartbeats start now, for each agent as soon as it has announced
+	// itself: starting thousands takes longer than the presence TTL.
+	f.wg.Add(1)
+	go f.heartbeats(runCtx)
 	// Start agents with a bounded number of concurrent set-up requests.
 	work := make(chan *lightAgent)
 	errc := make(chan error, 1)
@@ -173,8 +177,6 @@ func StartFleet(ctx context.Context, cfg FleetConfig) (*Fleet, error) {
 		return nil, err
 	default:
 	}
-	f.wg.Add(1)
-	go f.heartbeats(runCtx)
 	return f, nil
 }
 
@@ -322,6 +324,9 @@ func (f *Fleet) heartbeats(ctx context.Context) {
 		now := time.Now().UTC()
 		for i := n % slices; i < len(f.agents); i += slices {
 			a := f.agents[i]
+			if a.rev.Load() == 0 {
+				continue // not announced yet
+			}
 			p := a.presence
 			p.HeartbeatAt = now
 			p.InFlight = int(a.inFlight.Load())

@@ -54,8 +54,8 @@ func (l *Level) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Worse reports whether l is a worse level than o (Unknown is worse than
-// nothing and better than nothing: it compares as Healthy).
+// Worse reports whether l is a worse level than o. Unknown (never
+// assessed) compares as Healthy.
 func (l Level) Worse(o Level) bool { return l.rank() > o.rank() }
 
 func (l Level) rank() Level {

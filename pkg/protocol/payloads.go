@@ -79,6 +79,8 @@ type Control struct {
 	JobID  string `json:"job_id,omitempty"`
 	StepID string `json:"step_id,omitempty"`
 	Epoch  uint64 `json:"epoch,omitempty"`
+	// Value is the new limit of a ControlLimit.
+	Value int `json:"value,omitempty"`
 }
 
 // Control ops.
@@ -89,6 +91,9 @@ const (
 	ControlDrain = "drain"
 	// ControlUndrain takes tasks again.
 	ControlUndrain = "undrain"
+	// ControlLimit sets how many tasks the agent runs at once (Value, at
+	// most its configured max_concurrent; 0 restores that).
+	ControlLimit = "limit"
 )
 
 // ErrorCancelled starts the error of a result whose step was cancelled.

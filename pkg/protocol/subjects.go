@@ -40,6 +40,8 @@ const (
 	BucketJobs     = "warden_jobs"
 	BucketPresence = "warden_presence"
 	BucketLeases   = "warden_leases"
+	// BucketHealth holds the supervisor leader's assessment of each agent.
+	BucketHealth = "warden_health"
 
 	// ConsumerScheduler is the durable consumer all schedulers share on
 	// WARDEN_SUBMIT and WARDEN_RESULTS.

@@ -8,6 +8,7 @@ import (
 	"github.com/wardenhq/warden/pkg/natsconn"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/retry"
+	"github.com/wardenhq/warden/pkg/selection"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
@@ -46,6 +47,8 @@ type Config struct {
 	// CapacityRetry is how soon a message whose step found every eligible
 	// agent at max_concurrent is handled again. Defaults to 200ms.
 	CapacityRetry protocol.Duration `yaml:"capacity_retry"`
+	// Selection chooses agents (strategies per pool, health factors).
+	Selection selection.Config `yaml:"selection"`
 	// Workers handle messages concurrently; a job always goes to the same
 	// worker. Defaults to 16.
 	Workers int `yaml:"workers"`
@@ -57,11 +60,16 @@ type Config struct {
 
 // DefaultConfig returns the configuration with every default filled in.
 func DefaultConfig() Config {
-	return Config{}.WithDefaults()
+	return Config{Selection: selection.DefaultConfig()}.WithDefaults()
 }
 
 // WithDefaults fills every zero field with its default.
 func (c Config) WithDefaults() Config {
+	if c.Selection.Strategy == "" {
+		// A zero selection config (a Config built in code) means defaults:
+		// its zero health factors would exclude every agent.
+		c.Selection = selection.DefaultConfig()
+	}
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/wardenhq/warden/pkg/dispatch"
 	"github.com/wardenhq/warden/pkg/events"
+	"github.com/wardenhq/warden/pkg/health"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -64,8 +65,12 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Scheduler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scheduler config: %w", err)
 	}
+	sel, err := selection.NewWithConfig(cfg.Selection)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler config: selection: %w", err)
+	}
 	s := &Scheduler{cfg: cfg, retry: rc, nc: nc, js: js, log: zerolog.Nop(), metrics: NopMetrics{}, now: time.Now,
-		selector: selection.New(), events: events.NewPublisher(js)}
+		selector: sel, events: events.NewPublisher(js)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -120,11 +125,25 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		wg.Wait()
 		return err
 	}
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		if err := view.Run(ctx); err != nil {
 			errc <- err
+		}
+	}()
+	go func() {
+		// Health assessments lower or exclude agents in selection; without
+		// them (no supervisor yet) every agent counts as healthy.
+		defer wg.Done()
+		for ctx.Err() == nil {
+			err := health.WatchRecords(ctx, s.js,
+				func(r health.Record) { s.selector.SetHealth(r.Key(), r.Assessment) },
+				s.selector.ClearHealth)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("health watch failed; retrying")
+				time.Sleep(time.Second)
+			}
 		}
 	}()
 	select {

@@ -41,9 +41,24 @@ type Request struct {
 type Selector struct {
 	cfg    Config
 	mu     sync.Mutex
-	counts map[string]*counts
-	health map[string]health.Assessment
+	counts map[agentKey]*counts
+	health map[agentKey]health.Assessment
 	cursor map[string]string // round robin: pool → id chosen last
+	buf    []candidate       // reused by Choose
+}
+
+// agentKey is an agent's presence key as a struct: map lookups on it do not
+// build a string per agent on every Choose.
+type agentKey struct{ pool, id string }
+
+// parseKey splits a presence key <pool>.<agent> at its last dot (agent ids
+// have none).
+func parseKey(key string) agentKey {
+	i := strings.LastIndexByte(key, '.')
+	if i < 0 {
+		return agentKey{id: key}
+	}
+	return agentKey{pool: key[:i], id: key[i+1:]}
 }
 
 // counts are relative to the freshest heartbeat seen of an agent.
@@ -66,7 +81,8 @@ func NewWithConfig(cfg Config) (*Selector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Selector{cfg: cfg, counts: map[string]*counts{}, health: map[string]health.Assessment{}, cursor: map[string]string{}}, nil
+	return &Selector{cfg: cfg, counts: map[agentKey]*counts{}, health: map[agentKey]health.Assessment{},
+		cursor: map[string]string{}}, nil
 }
 
 // Observe records an agent's heartbeat. One newer than the last seen resets
@@ -75,14 +91,14 @@ func NewWithConfig(cfg Config) (*Selector, error) {
 func (s *Selector) Observe(p protocol.Presence) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.sync(p)
+	s.sync(&p)
 }
 
 // Forget drops an agent that left. Its health assessment is kept until
 // ClearHealth: it belongs to the assessor, and the agent may come back.
 func (s *Selector) Forget(p protocol.Presence) {
 	s.mu.Lock()
-	delete(s.counts, protocol.PresenceKey(p.Pool, p.ID))
+	delete(s.counts, agentKey{p.Pool, p.ID})
 	s.mu.Unlock()
 }
 
@@ -97,7 +113,7 @@ func (s *Selector) Forget(p protocol.Presence) {
 func (s *Selector) Release(key string, finishedAt time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, ok := s.counts[key]
+	c, ok := s.counts[parseKey(key)]
 	if !ok || finishedAt.IsZero() || !finishedAt.After(c.heartbeat) {
 		return
 	}
@@ -109,40 +125,44 @@ func (s *Selector) Release(key string, finishedAt time.Time) {
 // the one read from the agent's lifetime counters.
 func (s *Selector) SetHealth(key string, a health.Assessment) {
 	s.mu.Lock()
-	s.health[key] = a
+	s.health[parseKey(key)] = a
 	s.mu.Unlock()
 }
 
 // ClearHealth drops an agent's assessment; it counts as healthy again.
 func (s *Selector) ClearHealth(key string) {
 	s.mu.Lock()
-	delete(s.health, key)
+	delete(s.health, parseKey(key))
 	s.mu.Unlock()
 }
 
 // sync brings an agent's counts up to p and returns them.
-func (s *Selector) sync(p protocol.Presence) *counts {
-	k := protocol.PresenceKey(p.Pool, p.ID)
+func (s *Selector) sync(p *protocol.Presence) *counts {
+	k := agentKey{p.Pool, p.ID}
 	c, ok := s.counts[k]
-	if !ok || p.HeartbeatAt.After(c.heartbeat) {
-		c = &counts{heartbeat: p.HeartbeatAt, inFlight: p.InFlight, maxConcurrent: p.MaxConcurrent}
+	if !ok {
+		c = &counts{}
 		s.counts[k] = c
+	}
+	if !ok || p.HeartbeatAt.After(c.heartbeat) {
+		*c = counts{heartbeat: p.HeartbeatAt, inFlight: p.InFlight, maxConcurrent: p.MaxConcurrent}
 	}
 	return c
 }
 
 // candidate is an eligible agent with what its choice depends on.
 type candidate struct {
-	p      protocol.Presence
+	p      *protocol.Presence // into Choose's agents
+	c      *counts
 	used   int // in flight, counting this selector's assignments
 	cap    int
 	factor float64 // health factor, > 0
 	rate   float64 // success rate
 }
 
-func (c candidate) load() float64 { return float64(c.used) / float64(c.cap) }
-func (c candidate) full() bool    { return c.used >= c.cap }
-func (c candidate) score() float64 {
+func (c *candidate) load() float64 { return float64(c.used) / float64(c.cap) }
+func (c *candidate) full() bool    { return c.used >= c.cap }
+func (c *candidate) score() float64 {
 	return Score(c.rate, c.used, c.cap, c.factor)
 }
 
@@ -162,20 +182,23 @@ func (s *Selector) Choose(agents []protocol.Presence, req Request) (protocol.Pre
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var (
-		available   []candidate
 		inPool      int
-		offered     = map[string]bool{}
 		actionFound bool
-		excluded    = map[string]int{} // why agents offering the action are not available
+		excluded    map[string]int // why agents offering the action are not available
 	)
-	for _, a := range agents {
+	exclude := func(why string) {
+		if excluded == nil {
+			excluded = map[string]int{}
+		}
+		excluded[why]++
+	}
+	available := s.buf[:0]
+	for i := range agents {
+		a := &agents[i]
 		if a.Pool != req.Pool {
 			continue
 		}
 		inPool++
-		for _, act := range a.Actions {
-			offered[act] = true
-		}
 		if !slices.Contains(a.Actions, req.Action) {
 			continue
 		}
@@ -183,127 +206,66 @@ func (s *Selector) Choose(agents []protocol.Presence, req Request) (protocol.Pre
 		if req.Agent != "" && a.ID != req.Agent {
 			continue
 		}
-		key := protocol.PresenceKey(a.Pool, a.ID)
-		h, assessed := s.health[key]
+		var h health.Assessment
+		var assessed bool
+		if len(s.health) > 0 {
+			h, assessed = s.health[agentKey{a.Pool, a.ID}]
+		}
 		factor := s.cfg.HealthFactors.Of(h.Level)
 		switch {
 		case a.Draining:
-			excluded["draining"]++
+			exclude("draining")
 			continue
 		case !hasAll(a.Capabilities, req.Requires):
-			excluded["missing capabilities"]++
+			exclude("missing capabilities")
 			continue
 		case assessed && factor <= 0:
-			excluded[h.Level.String()]++
+			exclude(h.Level.String())
 			continue
 		}
 		c := s.sync(a)
 		available = append(available, candidate{
 			p:      a,
+			c:      c,
 			used:   max(0, c.inFlight+c.assigned-c.released),
 			cap:    max(c.maxConcurrent, 1),
 			factor: factor,
 			rate:   s.successRate(a, h, assessed),
 		})
 	}
+	s.buf = available[:0]
+	defer clear(available) // drop the pointers into agents
 	if len(available) == 0 {
 		if inPool > 0 && !actionFound {
 			return protocol.Presence{}, fmt.Errorf("%w %q: no agent of pool %s offers it (offered: %s)",
-				ErrUnknownAction, req.Action, req.Pool, strings.Join(sortedKeys(offered), ", "))
+				ErrUnknownAction, req.Action, req.Pool, strings.Join(offered(agents, req.Pool), ", "))
 		}
 		return protocol.Presence{}, fmt.Errorf("%w: %s%s", ErrNoAgent, describe(req), summarise(excluded))
 	}
-	sort.Slice(available, func(i, j int) bool { return available[i].p.ID < available[j].p.ID })
-	chosen, ok := s.pick(available, req)
-	if !ok {
+	chosen := s.pick(available, req)
+	if chosen == nil {
 		return protocol.Presence{}, fmt.Errorf("%w: %w: %s", ErrNoAgent, ErrAtCapacity, describe(req))
 	}
-	s.counts[protocol.PresenceKey(chosen.Pool, chosen.ID)].assigned++
-	return chosen, nil
+	chosen.c.assigned++
+	return *chosen.p, nil
 }
 
-// pick applies the pool's strategy to the available agents (sorted by id);
-// false when the strategy finds every allowed agent full.
-func (s *Selector) pick(available []candidate, req Request) (protocol.Presence, bool) {
-	free := make([]candidate, 0, len(available))
-	for _, c := range available {
-		if !c.full() {
-			free = append(free, c)
-		}
-	}
-	strategy := s.cfg.strategyOf(req.Pool)
-	if req.Agent != "" {
-		strategy = StrategyScore // one agent: nothing to choose
-	}
-	switch strategy {
-	case StrategyStandby:
-		if primary := available[0]; !primary.full() {
-			return primary.p, true
-		}
-		return protocol.Presence{}, false
-	case StrategyRoundRobin:
-		if len(free) == 0 {
-			return protocol.Presence{}, false
-		}
-		last := s.cursor[req.Pool]
-		next := free[0]
-		for _, c := range free {
-			if c.p.ID > last {
-				next = c
-				break
-			}
-		}
-		s.cursor[req.Pool] = next.p.ID
-		return next.p, true
-	case StrategyLeastLoaded:
-		return best(free, func(a, b candidate) bool {
-			if a.load() != b.load() {
-				return a.load() < b.load()
-			}
-			return a.factor > b.factor
-		})
-	case StrategyAffinity:
-		if want := s.affinity(req); len(want) > 0 {
-			var matching []candidate
-			for _, c := range free {
-				if hasLabels(c.p.Labels, want) {
-					matching = append(matching, c)
-				}
-			}
-			if len(matching) > 0 {
-				return best(matching, byScore)
+// offered lists the actions the pool's agents offer, sorted.
+func offered(agents []protocol.Presence, pool string) []string {
+	set := map[string]bool{}
+	for _, a := range agents {
+		if a.Pool == pool {
+			for _, act := range a.Actions {
+				set[act] = true
 			}
 		}
 	}
-	return best(free, byScore)
-}
-
-// byScore prefers the higher score, then the lower load.
-func byScore(a, b candidate) bool {
-	if sa, sb := a.score(), b.score(); sa != sb {
-		return sa > sb
-	}
-	return a.load() < b.load()
-}
-
-// best returns the candidate no other is better than; candidates are sorted
-// by id, so among equals the lowest id wins.
-func best(cs []candidate, better func(a, b candidate) bool) (protocol.Presence, bool) {
-	if len(cs) == 0 {
-		return protocol.Presence{}, false
-	}
-	b := cs[0]
-	for _, c := range cs[1:] {
-		if better(c, b) {
-			b = c
-		}
-	}
-	return b.p, true
+	return sortedKeys(set)
 }
 
 // successRate is the assessment's windowed rate when it has one, otherwise
 // the smoothed lifetime rate from the heartbeat's counters.
-func (s *Selector) successRate(p protocol.Presence, h health.Assessment, assessed bool) float64 {
+func (s *Selector) successRate(p *protocol.Presence, h health.Assessment, assessed bool) float64 {
 	if assessed && h.SuccessRate != nil {
 		return *h.SuccessRate
 	}
@@ -312,28 +274,6 @@ func (s *Selector) successRate(p protocol.Presence, h health.Assessment, assesse
 		return s.cfg.PriorSuccessRate
 	}
 	return (float64(p.Succeeded) + s.cfg.PriorSuccessRate*s.cfg.PriorWeight) / n
-}
-
-// affinity returns the labels wanted for req: the pool's, overridden by the
-// request's.
-func (s *Selector) affinity(req Request) map[string]string {
-	want := map[string]string{}
-	for k, v := range s.cfg.Pools[req.Pool].Affinity {
-		want[k] = v
-	}
-	for k, v := range req.Labels {
-		want[k] = v
-	}
-	return want
-}
-
-func hasLabels(have, want map[string]string) bool {
-	for k, v := range want {
-		if hv, ok := have[k]; !ok || hv != v {
-			return false
-		}
-	}
-	return true
 }
 
 func hasAll(have, want []string) bool {

@@ -39,6 +39,19 @@ type Config struct {
 	// DispatchGrace is added to a step's timeout to form its lease when the
 	// leader re-dispatches it; the schedulers' value. Defaults to 30s.
 	DispatchGrace protocol.Duration `yaml:"dispatch_grace"`
+	// HealthConfig is the health assessment file (configs/health.yaml).
+	// Defaults to "" (the built-in defaults written out there).
+	HealthConfig string `yaml:"health_config"`
+	// CycleInterval is how often the leader assesses agents and heals.
+	// Defaults to 5s.
+	CycleInterval protocol.Duration `yaml:"cycle_interval"`
+	// SelfHealing turns the healing actions on (deprioritise degraded,
+	// reduce load on warning, drain critical, fail over failed); off, the
+	// leader still assesses. Defaults to true (see DefaultConfig).
+	SelfHealing bool `yaml:"self_healing"`
+	// DrainTimeout is how long a drained critical agent may finish its
+	// tasks before what remains is transferred. Defaults to 30s.
+	DrainTimeout protocol.Duration `yaml:"drain_timeout"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to "".
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
@@ -46,7 +59,7 @@ type Config struct {
 }
 
 // DefaultConfig returns the configuration with every default filled in.
-func DefaultConfig() Config { return Config{}.WithDefaults() }
+func DefaultConfig() Config { return Config{SelfHealing: true}.WithDefaults() }
 
 // WithDefaults fills every zero field with its default.
 func (c Config) WithDefaults() Config {
@@ -77,6 +90,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DispatchGrace == 0 {
 		c.DispatchGrace = protocol.Duration(30 * time.Second)
+	}
+	if c.CycleInterval == 0 {
+		c.CycleInterval = protocol.Duration(5 * time.Second)
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = protocol.Duration(30 * time.Second)
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"

@@ -60,7 +60,20 @@ func (s *Supervisor) leadTerm(ctx context.Context, el *lease.Elector, epoch uint
 		DispatchGrace: s.cfg.DispatchGrace.Std(),
 	}, s.js, store, view, sel, log, nil, s.now)
 	failures := make(chan presence.Change, 1024)
+	beats := make(chan protocol.Presence, 4096)
+	gone := make(chan string, 1024)
 	view.OnChange(func(c presence.Change) {
+		if c.Gone {
+			select {
+			case gone <- c.Key:
+			default:
+			}
+		} else {
+			select {
+			case beats <- c.Presence:
+			default: // a missed heartbeat only thins the regularity sample
+			}
+		}
 		if c.Gone {
 			sel.Forget(c.Presence)
 		} else {
@@ -100,6 +113,13 @@ func (s *Supervisor) leadTerm(ctx context.Context, el *lease.Elector, epoch uint
 	run("recovery", l.recoverLoop)
 	run("failover", func(ctx context.Context) error { return l.failoverLoop(ctx, failures) })
 	run("dead letters", l.deadLetterLoop)
+	healer, err := l.newHealer(ctx)
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return err
+	}
+	run("health", func(ctx context.Context) error { return healer.run(ctx, beats, gone) })
 	ctrl, err := s.nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) { l.manualFailover(ctx, m) })
 	if err != nil {
 		cancel()

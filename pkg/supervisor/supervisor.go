@@ -37,6 +37,9 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor
 	if err != nil {
 		return nil, err
 	}
+	if _, err := cfg.loadHealthConfig(); err != nil {
+		return nil, fmt.Errorf("supervisor config: %w", err)
+	}
 	if m == nil {
 		m = NewMetrics(nil)
 	}

@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -62,6 +63,7 @@ func run(ctx context.Context) error {
 	caps := flag.String("capabilities", "", "comma-separated capabilities")
 	maxConc := flag.Int("max-concurrent", 4, "tasks at once")
 	path := flag.String("ledger", os.Getenv("WARDEN_LEDGER"), "ledger file")
+	failEvery := flag.Int("fail", 0, "make ledger fail (retriable) on all but every Nth execution: a sick agent")
 	flag.Parse()
 	if *path == "" {
 		return errors.New("--ledger is required")
@@ -86,6 +88,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var sick atomic.Int64
 	a.Handle("ledger", func(ctx context.Context, t *agent.Task) (any, error) {
 		var p struct {
 			Duration protocol.Duration `json:"duration"`
@@ -98,10 +101,13 @@ func run(ctx context.Context) error {
 		}
 		select {
 		case <-time.After(p.Duration.Std()):
-			return map[string]string{"agent": *id}, nil
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
 		}
+		if *failEvery > 0 && sick.Add(1)%int64(*failEvery) != 0 {
+			return nil, agent.Retriable(errors.New("disk unavailable on this host"))
+		}
+		return map[string]string{"agent": *id}, nil
 	})
 	a.Handle("flaky", func(ctx context.Context, t *agent.Task) (any, error) {
 		var p struct {
