@@ -36,8 +36,15 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
+# Micro-benchmarks of the hot paths (briefly), then the system benchmark
+# (cmd/bench: raw JetStream, throughput, latency, failover, scale, memory),
+# which writes bench/results/<timestamp>.json and latest.json. Under 10
+# minutes on 2 cores. `go run ./cmd/bench --quick` or `--only raw,scale`
+# runs less.
 bench:
-	$(GO) test -run='^$$' -bench=. -benchmem ./...
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=100ms ./pkg/spec ./pkg/selection ./pkg/jobstore
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=300x ./pkg/scheduler
+	$(GO) run ./cmd/bench $(BENCHFLAGS)
 
 # FROM scratch images of the static binaries (no base image can be pulled).
 images: build

@@ -50,7 +50,7 @@ type Agent struct {
 	stats    counters
 	iso      *isolation
 	// held is set by an operator's drain: no new task is fetched.
-	held    atomic.Bool
+	held atomic.Bool
 	// limit is how many tasks run at once: max_concurrent, or less when
 	// the supervisor reduces the load of an unhealthy agent.
 	limit   atomic.Int32
