@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/pkg/health"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -35,21 +36,40 @@ func (a *app) listAgents(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Assessments exist once a supervisor leader has run; without them the
+	// list still shows presence.
+	records, _ := health.ListRecords(ctx, c.JetStream())
 	if a.json {
-		if agents == nil {
-			agents = []protocol.Presence{}
+		type agentJSON struct {
+			protocol.Presence
+			Health *health.Record `json:"health,omitempty"`
 		}
-		return writeJSON(a.stdout, agents)
+		out := []agentJSON{}
+		for _, p := range agents {
+			row := agentJSON{Presence: p}
+			if r, ok := records[protocol.PresenceKey(p.Pool, p.ID)]; ok {
+				row.Health = &r
+			}
+			out = append(out, row)
+		}
+		return writeJSON(a.stdout, out)
 	}
 	now := time.Now()
-	t := newTable(a.stdout, "ID", "POOL", "CAPABILITIES", "LOAD", "SUCCEEDED", "FAILED", "HEARTBEAT", "VERSION", "DRAINING")
+	t := newTable(a.stdout, "ID", "POOL", "CAPABILITIES", "LOAD", "SUCCEEDED", "FAILED", "HEALTH", "SCORE", "HEARTBEAT", "VERSION", "DRAINING")
 	for _, p := range agents {
 		draining := "no"
 		if p.Draining {
 			draining = "yes"
 		}
+		level, score := "unknown", ""
+		if r, ok := records[protocol.PresenceKey(p.Pool, p.ID)]; ok {
+			level, score = r.Level.String(), fmt.Sprintf("%.2f", r.Score)
+			if r.Action != "" {
+				level += " (" + r.Action + ")"
+			}
+		}
 		t.row(p.ID, p.Pool, strings.Join(p.Capabilities, ","), fmt.Sprintf("%d/%d", p.InFlight, p.MaxConcurrent),
-			fmt.Sprint(p.Succeeded), fmt.Sprint(p.Failed), until(p.HeartbeatAt, now), p.Version, draining)
+			fmt.Sprint(p.Succeeded), fmt.Sprint(p.Failed), level, score, until(p.HeartbeatAt, now), p.Version, draining)
 	}
 	return t.flush()
 }

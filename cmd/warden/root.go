@@ -51,7 +51,7 @@ invalid spec, 3 not found, 4 NATS, connection or timeout error.`,
 	f.BoolVar(&a.json, "json", false, "print machine-readable JSON")
 	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "bound on each NATS operation, and on the wait for the scheduler's reply to a submission")
 
-	root.AddCommand(a.submitCommand(), a.jobsCommand(), a.jobCommand(), a.agentsCommand(), a.agentCommand(), a.dlqCommand(), a.devCommand())
+	root.AddCommand(a.submitCommand(), a.jobsCommand(), a.jobCommand(), a.agentsCommand(), a.agentCommand(), a.dlqCommand(), a.healingCommand(), a.devCommand())
 	return root
 }
 

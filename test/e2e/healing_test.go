@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +73,15 @@ func TestSickAgentIsDrainedAndItsWorkCompletesElsewhere(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d steps finally succeeded on b-good", onGood, jobs)
+	for _, args := range [][]string{{"healing", "ls"}, {"agents", "ls"}} {
+		p := procs.Start(t, "warden "+strings.Join(args, " "), bins["warden"], append([]string{"--server", e.srv.URL}, args...)...)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		code, err := p.Wait(ctx)
+		cancel()
+		out := p.Output()
+		if err != nil || code != 0 || !strings.Contains(out, "a-sick") || !strings.Contains(out, "critical") {
+			t.Errorf("warden %v (exit %d, %v) does not show a-sick as critical:\n%s", args, code, err, out)
+		}
+		t.Logf("warden %s:\n%s", strings.Join(args, " "), out)
+	}
 }
