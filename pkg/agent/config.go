@@ -178,6 +178,9 @@ func (c Config) Validate() error {
 	if c.Shell.TailBytes < 1 {
 		bad("shell.tail_bytes must be positive, got %d", c.Shell.TailBytes)
 	}
+	if err := c.Shell.Validate(); err != nil {
+		bad("shell: %v", err)
+	}
 	if c.HTTP.TailBytes < 1 {
 		bad("http.tail_bytes must be positive, got %d", c.HTTP.TailBytes)
 	}
