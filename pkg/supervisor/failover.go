@@ -42,6 +42,11 @@ func (l *leader) failoverLoop(ctx context.Context, changes <-chan presence.Chang
 				}
 				continue
 			}
+			if l.present(key) {
+				l.log.Info().Str("agent", key).Msg("agent came back within the threshold; it keeps its queue")
+				delete(suspects, key)
+				continue
+			}
 			if err := l.failover(ctx, s); err != nil {
 				if errors.Is(err, errNotLeader) || ctx.Err() != nil {
 					return nil
@@ -60,26 +65,18 @@ func (l *leader) failoverLoop(ctx context.Context, changes <-chan presence.Chang
 		case <-ctx.Done():
 			return nil
 		case <-timer.C:
-		case c := <-changes:
-			switch {
-			case c.Gone:
-				if c.Presence.ID == "" {
-					continue // never seen alive by this leader; orphan scan covers it
-				}
-				how := "stopped"
-				if c.Expired {
-					how = "presence expired"
-				}
-				l.log.Warn().Str("agent", c.Key).Str("how", how).Dur("threshold", threshold).Msg("agent gone; failing over after the threshold")
-				_ = l.events.Publish(ctx, protocol.Event{Kind: "agent_failed", ID: c.Presence.ID, Agent: c.Presence.ID, Reason: how,
-					Data: map[string]string{"pool": c.Presence.Pool}})
-				suspects[c.Key] = suspect{presence: c.Presence, since: l.now()}
-			default:
-				if _, ok := suspects[c.Key]; ok {
-					l.log.Info().Str("agent", c.Key).Msg("agent came back within the threshold; it keeps its queue")
-					delete(suspects, c.Key)
-				}
+		case c := <-changes: // departures only (see leadTerm)
+			if c.Presence.ID == "" {
+				continue // never seen alive by this leader; orphan scan covers it
 			}
+			how := "stopped"
+			if c.Expired {
+				how = "presence expired"
+			}
+			l.log.Warn().Str("agent", c.Key).Str("how", how).Dur("threshold", threshold).Msg("agent gone; failing over after the threshold")
+			_ = l.events.Publish(ctx, protocol.Event{Kind: "agent_failed", ID: c.Presence.ID, Agent: c.Presence.ID, Reason: how,
+				Data: map[string]string{"pool": c.Presence.Pool}})
+			suspects[c.Key] = suspect{presence: c.Presence, since: l.now()}
 		}
 	}
 }
@@ -284,4 +281,15 @@ func (l *leader) publishFailover(ctx context.Context, r FailoverRecord) {
 	if err := l.events.Publish(ctx, protocol.Event{Kind: "failover", ID: r.ID, Agent: r.Agent, Reason: reason, Data: data}); err != nil {
 		log.Warn().Err(err).Msg("failover event not published")
 	}
+}
+
+// present reports whether the agent with presence key is in the view now.
+func (l *leader) present(key string) bool {
+	pool, id, _ := strings.Cut(key, ".")
+	for _, p := range l.view.Pool(pool) {
+		if p.ID == id {
+			return true
+		}
+	}
+	return false
 }

@@ -79,10 +79,18 @@ func (s *Supervisor) leadTerm(ctx context.Context, el *lease.Elector, epoch uint
 		} else {
 			sel.Observe(c.Presence)
 		}
+		if !c.Gone {
+			// Heartbeats are not failover news (5,000 agents send 5,000 a
+			// second); a suspect's return is read from the view when its
+			// threshold ends.
+			return
+		}
 		select {
 		case failures <- c:
 		default:
-			log.Warn().Str("agent", c.Key).Msg("presence change dropped: failover queue full")
+			// Not lost: the orphan scan of the next term, or the step's
+			// lease, still finds its tasks. Say so loudly.
+			log.Error().Str("agent", c.Key).Msg("agent departure dropped: failover queue full; its tasks wait for their lease")
 		}
 	})
 
