@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -87,20 +88,46 @@ type VersionedStep struct {
 
 // Steps reads the steps of a job in spec order. A step not yet materialised
 // is missing from the result.
+//
+// The reads go out concurrently (at most stepReadConcurrency at once): a job
+// is advanced after every result, so for a fan-out of n steps sequential
+// reads would cost n round trips each time, n² in all.
 func (s *Store) Steps(ctx context.Context, j *Job) ([]VersionedStep, error) {
-	out := make([]VersionedStep, 0, len(j.Spec.Steps))
-	for _, sp := range j.Spec.Steps {
-		st, rev, err := s.Step(ctx, j.ID, sp.ID)
-		if errors.Is(err, ErrNotFound) {
+	n := len(j.Spec.Steps)
+	got := make([]VersionedStep, n)
+	errs := make([]error, n)
+	if n == 1 {
+		st, rev, err := s.Step(ctx, j.ID, j.Spec.Steps[0].ID)
+		got[0], errs[0] = VersionedStep{Step: st, Revision: rev}, err
+	} else {
+		sem := make(chan struct{}, stepReadConcurrency)
+		var wg sync.WaitGroup
+		for i, sp := range j.Spec.Steps {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				st, rev, err := s.Step(ctx, j.ID, sp.ID)
+				got[i], errs[i] = VersionedStep{Step: st, Revision: rev}, err
+			}()
+		}
+		wg.Wait()
+	}
+	out := make([]VersionedStep, 0, n)
+	for i := range got {
+		if errors.Is(errs[i], ErrNotFound) {
 			continue
 		}
-		if err != nil {
-			return nil, err
+		if errs[i] != nil {
+			return nil, errs[i]
 		}
-		out = append(out, VersionedStep{Step: st, Revision: rev})
+		out = append(out, got[i])
 	}
 	return out, nil
 }
+
+// stepReadConcurrency bounds the step reads of one job in flight at once.
+const stepReadConcurrency = 32
 
 // JobIDs lists the ids of every job in the store.
 func (s *Store) JobIDs(ctx context.Context) ([]string, error) {
