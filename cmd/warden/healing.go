@@ -1,13 +1,9 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -24,7 +20,7 @@ func (a *app) healingCommand() *cobra.Command {
 			defer c.Close()
 			ctx, cancel := a.opContext(cmd.Context())
 			defer cancel()
-			events, err := readEvents(ctx, c.JetStream(), "healing", limit)
+			events, err := events.List(ctx, c.JetStream(), "healing", limit)
 			if err != nil {
 				return &exitError{code: exitUnavailable, err: err}
 			}
@@ -45,35 +41,4 @@ func (a *app) healingCommand() *cobra.Command {
 	ls.Flags().IntVar(&limit, "limit", 100, "show at most the last N actions (0: all)")
 	cmd.AddCommand(ls)
 	return cmd
-}
-
-// readEvents reads the stored events of a kind, oldest first, keeping the
-// last limit (0: all).
-func readEvents(ctx context.Context, js jetstream.JetStream, kind string, limit int) ([]protocol.Event, error) {
-	s, err := js.Stream(ctx, protocol.StreamEvents)
-	if err != nil {
-		return nil, err
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
-	if err != nil {
-		return nil, err
-	}
-	var out []protocol.Event
-	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(300 * time.Millisecond))
-		if err != nil {
-			break
-		}
-		var e protocol.Event
-		if json.Unmarshal(m.Data(), &e) == nil {
-			out = append(out, e)
-		}
-		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-			break
-		}
-	}
-	if limit > 0 && len(out) > limit {
-		out = out[len(out)-limit:]
-	}
-	return out, nil
 }

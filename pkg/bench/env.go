@@ -63,8 +63,6 @@ func (e *Env) logf(format string, args ...any) {
 	fmt.Fprintf(e.cfg.Log, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
-func (e *Env) quick() bool { return e.cfg.Quick }
-
 // pick returns quick in --quick mode, normal otherwise.
 func pick[T any](e *Env, normal, quick T) T {
 	if e.cfg.Quick {

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/pkg/dlq"
+	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -90,25 +91,11 @@ func (b *bundle) step(t *testing.T, job, step string) *jobstore.Step {
 
 func (b *bundle) events(t *testing.T, kind string) []protocol.Event {
 	t.Helper()
-	s, err := b.js.Stream(context.Background(), protocol.StreamEvents)
+	evs, err := events.List(context.Background(), b.js, kind, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []protocol.Event
-	for {
-		m, err := c.Next(jetstream.FetchMaxWait(200 * time.Millisecond))
-		if err != nil {
-			return out
-		}
-		var e protocol.Event
-		if json.Unmarshal(m.Data(), &e) == nil {
-			out = append(out, e)
-		}
-	}
+	return evs
 }
 
 func TestExpiredLeaseIsRedispatchedWithNewEpoch(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/dlq"
+	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -336,25 +337,8 @@ func sumValues(m map[string]int) int {
 }
 
 func readEvents(ctx context.Context, js jetstream.JetStream, kind string) []protocol.Event {
-	s, err := js.Stream(ctx, protocol.StreamEvents)
-	if err != nil {
-		return nil
-	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
-	if err != nil {
-		return nil
-	}
-	var out []protocol.Event
-	for {
-		m, err := c.Next(jetstream.FetchMaxWait(500 * time.Millisecond))
-		if err != nil {
-			return out
-		}
-		var e protocol.Event
-		if json.Unmarshal(m.Data(), &e) == nil {
-			out = append(out, e)
-		}
-	}
+	evs, _ := events.List(ctx, js, kind, 0)
+	return evs
 }
 
 // loggedSuccesses counts "step succeeded" lines, which a scheduler logs

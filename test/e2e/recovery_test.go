@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/lease"
 	"github.com/wardenhq/warden/pkg/natstest"
@@ -36,25 +35,11 @@ func (e *env) step(t *testing.T, job, step string) *jobstore.Step {
 // events returns the events of a kind stored so far.
 func (e *env) events(t *testing.T, kind string) []protocol.Event {
 	t.Helper()
-	s, err := e.js.Stream(context.Background(), protocol.StreamEvents)
+	evs, err := events.List(context.Background(), e.js, kind, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.OrderedConsumer(context.Background(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{protocol.EventSubject(kind, ">")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []protocol.Event
-	for {
-		m, err := c.Next(jetstream.FetchMaxWait(300 * time.Millisecond))
-		if err != nil {
-			return out
-		}
-		var ev protocol.Event
-		if json.Unmarshal(m.Data(), &ev) == nil {
-			out = append(out, ev)
-		}
-	}
+	return evs
 }
 
 func ledgerLines(t *testing.T, path string) []string {
