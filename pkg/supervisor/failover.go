@@ -179,6 +179,9 @@ func (l *leader) failoverRecord(ctx context.Context, s suspect) (FailoverRecord,
 		if released {
 			moved[job] = append(moved[job], step)
 			rec.TasksMoved++
+		} else if _, ok := moved[job]; !ok && protocol.ValidToken(job) {
+			// Parked as poison (or stale): the job still has to move on.
+			moved[job] = nil
 		}
 		if err := stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return rec, fmt.Errorf("delete transferred task %d: %w", raw.Sequence, err)

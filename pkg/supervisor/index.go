@@ -55,6 +55,10 @@ type jobInfo struct {
 	// updated is the latest update of the job or any of its steps.
 	updated      time.Time
 	inconsistent int // steps not in their desired state
+	// stepDone is when a step last became consistent while others were
+	// not: the job must move on (dispatch or skip dependents) by then +
+	// grace, or whoever should have moved it died.
+	stepDone time.Time
 }
 
 // Index holds the inconsistent steps and jobs ordered by when each is due:
@@ -147,6 +151,7 @@ func (x *Index) ObserveStep(s *jobstore.Step) {
 	case was && !is:
 		j.inconsistent--
 		delete(x.inconsistent, key)
+		j.stepDone = s.UpdatedAt
 	}
 	switch s.State {
 	case jobstore.StepDispatched:
@@ -205,11 +210,17 @@ func (x *Index) checkJob(id string) {
 		x.remove(key)
 		return
 	}
-	if j.terminal || j.inconsistent > 0 || j.updated.IsZero() {
+	switch {
+	case j.terminal:
 		x.remove(key)
-		return
+	case j.inconsistent == 0 && !j.updated.IsZero():
+		x.put(&item{kind: itemJob, job: id, due: j.updated.Add(x.grace)})
+	case !j.stepDone.IsZero():
+		// Later completions push the check back: only the last matters.
+		x.put(&item{kind: itemJob, job: id, due: j.stepDone.Add(x.grace)})
+	default:
+		x.remove(key)
 	}
-	x.put(&item{kind: itemJob, job: id, due: j.updated.Add(x.grace)})
 }
 
 // earliest returns the earlier of a and b, ignoring a zero b.

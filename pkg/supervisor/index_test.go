@@ -54,3 +54,22 @@ func TestIndexReschedulesRenewedLease(t *testing.T) {
 		t.Fatalf("len %d", x.Len())
 	}
 }
+
+// A step that ends while a dependent is still pending must bring the job
+// back if nobody moves it on: found by the chaos suite (seed 572240), where
+// a step parked as poison during a failover left its dependent pending and
+// its job running forever.
+func TestIndexChecksJobAfterAStepEndsWithOthersPending(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	x := NewIndex(30 * time.Second)
+	x.ObserveJob(&jobstore.Job{ID: "j", State: jobstore.JobRunning, UpdatedAt: t0})
+	x.ObserveStep(&jobstore.Step{JobID: "j", ID: "bad", State: jobstore.StepDispatched, LockedUntil: t0.Add(time.Hour), UpdatedAt: t0})
+	x.ObserveStep(&jobstore.Step{JobID: "j", ID: "after", State: jobstore.StepPending, UpdatedAt: t0})
+	_ = x.PopDue(t0.Add(31 * time.Second)) // the pending step's own check, long before
+	x.ObserveStep(&jobstore.Step{JobID: "j", ID: "bad", State: jobstore.StepDeadLettered, UpdatedAt: t0.Add(time.Minute)})
+	due := x.PopDue(t0.Add(time.Minute + 31*time.Second))
+	if len(due) != 1 || due[0].kind != itemJob || due[0].job != "j" {
+		t.Fatalf("no job check after the step ended: %+v", due)
+	}
+}
