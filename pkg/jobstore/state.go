@@ -93,7 +93,10 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 // Release takes a dispatched step back from its agent so that it can be
 // dispatched again with a new epoch: its lease expired or its agent failed.
 // status names why in the retry chain ("lease_expired", "transferred").
-func (s *Step) Release(status, reason string, now time.Time) error {
+// suspect says the step was in flight when its agent failed, so it counts
+// towards the poison threshold; a task that only waited in a dead agent's
+// queue did nothing wrong.
+func (s *Step) Release(status, reason string, suspect bool, now time.Time) error {
 	if s.State != StepDispatched {
 		return fmt.Errorf("release step %s.%s: state is %s, not dispatched", s.JobID, s.ID, s.State)
 	}
@@ -105,7 +108,9 @@ func (s *Step) Release(status, reason string, now time.Time) error {
 	if status == "transferred" {
 		s.TransferredFrom = s.Actor
 	}
-	s.Recoveries++
+	if suspect {
+		s.Recoveries++
+	}
 	s.State = StepPending
 	s.Actor = ""
 	s.LockedUntil = time.Time{}

@@ -98,3 +98,24 @@ func TestApplyResultFencesEpochs(t *testing.T) {
 		t.Fatal("dispatched a failed step")
 	}
 }
+
+func TestReleaseCountsOnlySuspects(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	s := &jobstore.Step{JobID: "j", ID: "s", State: jobstore.StepPending, Desired: jobstore.StepSucceeded}
+	_ = s.Dispatch("a1", now, 0)
+	if err := s.Release("transferred", "agent a1 failed", false, now); err != nil {
+		t.Fatal(err)
+	}
+	if s.Recoveries != 0 || s.State != jobstore.StepPending || s.TransferredFrom != "a1" || s.Attempts[0].Status != "transferred" {
+		t.Fatalf("queued-only transfer: %+v", s)
+	}
+	_ = s.Dispatch("a2", now, 0)
+	_ = s.Release("lease_expired", "lease expired", true, now)
+	if s.Recoveries != 1 || s.Epoch != 2 || s.Attempt != 0 {
+		t.Fatalf("in-flight release: recoveries %d epoch %d attempt %d", s.Recoveries, s.Epoch, s.Attempt)
+	}
+	if err := s.Release("lease_expired", "again", true, now); err == nil {
+		t.Fatal("released a step that is not dispatched")
+	}
+}

@@ -157,6 +157,13 @@ func (l *leader) failoverRecord(ctx context.Context, s suspect) (FailoverRecord,
 	if err != nil {
 		return rec, fmt.Errorf("task stream %s: %w", streamName, err)
 	}
+	// Tasks past the consumer's delivered sequence never reached the agent.
+	delivered := uint64(0)
+	if cons, err := stream.Consumer(ctx, p.ID); err == nil {
+		if info, err := cons.Info(ctx); err == nil {
+			delivered = info.Delivered.Stream
+		}
+	}
 	moved := map[string][]string{} // job -> steps
 	for seq := uint64(1); ; {
 		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
@@ -172,7 +179,7 @@ func (l *leader) failoverRecord(ctx context.Context, s suspect) (FailoverRecord,
 		}
 		job, step := raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep)
 		epoch, _ := strconv.ParseUint(raw.Header.Get(protocol.HeaderEpoch), 10, 64)
-		released, err := l.releaseForTransfer(ctx, job, step, epoch, p.ID, raw)
+		released, err := l.releaseForTransfer(ctx, job, step, epoch, p.ID, raw, raw.Sequence <= delivered)
 		if err != nil {
 			return rec, err
 		}
@@ -224,7 +231,11 @@ func (l *leader) failoverRecord(ctx context.Context, s suspect) (FailoverRecord,
 // releaseForTransfer releases the step a queued task stands for, if the
 // failed agent still holds it at the task's epoch; a step taken back too
 // often is parked as poison instead.
-func (l *leader) releaseForTransfer(ctx context.Context, job, step string, epoch uint64, agent string, raw *jetstream.RawStreamMsg) (bool, error) {
+//
+// inFlight says the agent had been given the task (it may have been running
+// it when the agent died); only then does the transfer count towards the
+// poison threshold.
+func (l *leader) releaseForTransfer(ctx context.Context, job, step string, epoch uint64, agent string, raw *jetstream.RawStreamMsg, inFlight bool) (bool, error) {
 	if !protocol.ValidToken(job) || !protocol.ValidToken(step) {
 		return false, nil
 	}
@@ -239,7 +250,7 @@ func (l *leader) releaseForTransfer(ctx context.Context, job, step string, epoch
 		if st.Epoch != epoch || st.State != jobstore.StepDispatched || st.Actor != agent {
 			return false, nil
 		}
-		if st.Recoveries+1 >= l.cfg.PoisonThreshold {
+		if inFlight && st.Recoveries+1 >= l.cfg.PoisonThreshold {
 			why := fmt.Sprintf("poison: its agents failed %d times while running it (last: %s)", st.Recoveries+1, agent)
 			err := l.deadLetterStep(ctx, st, rev, "poison", why, raw)
 			if errors.Is(err, jobstore.ErrConflict) {
@@ -247,7 +258,7 @@ func (l *leader) releaseForTransfer(ctx context.Context, job, step string, epoch
 			}
 			return false, err
 		}
-		_ = st.Release("transferred", "agent "+agent+" failed", l.now().UTC())
+		_ = st.Release("transferred", "agent "+agent+" failed", inFlight, l.now().UTC())
 		if err := l.fence(); err != nil {
 			return false, err
 		}

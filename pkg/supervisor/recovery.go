@@ -149,7 +149,7 @@ func (l *leader) takeBack(ctx context.Context, st *jobstore.Step, rev uint64, st
 		log.Warn().Str("reason", why).Msg("step parked in the dead-letter stream")
 		return l.dispatch.Advance(ctx, st.JobID)
 	}
-	if err := st.Release(status, reason, now); err != nil {
+	if err := st.Release(status, reason, true, now); err != nil {
 		return nil
 	}
 	if err := l.fence(); err != nil {
