@@ -245,3 +245,49 @@ func atoi(s string) int {
 	}
 	return n
 }
+
+func TestSelfHealingDeprioritisesThenDrains(t *testing.T) {
+	t.Parallel()
+	b := setup(t, scheduler.Config{}, supervisor.Config{SelfHealing: true, CycleInterval: protocol.Duration(200 * time.Millisecond)})
+	sick := handagent.Start(t, b.js, "default", "sick", nil)
+	handagent.Start(t, b.js, "default", "fine", nil)
+	healing := func() []string {
+		var out []string
+		for _, e := range b.events(t, "healing") {
+			if e.Agent == "sick" {
+				out = append(out, e.Data["action"]+"/"+e.Data["level"])
+			}
+		}
+		return out
+	}
+	// Three failures in a row: degraded, so deprioritised.
+	sick.Report(0, 3)
+	natstest.Eventually(t, 10*time.Second, "deprioritised", func() bool {
+		h := healing()
+		return len(h) > 0 && h[len(h)-1] == "deprioritise/degraded"
+	})
+	// Ten more: past the unhealthy thresholds, so critical and drained.
+	sick.Report(0, 13)
+	natstest.Eventually(t, 10*time.Second, "drained", func() bool {
+		h := healing()
+		return len(h) > 0 && h[len(h)-1] == "drain/critical"
+	})
+	if got := sick.Orders(); len(got) == 0 || got[len(got)-1] != protocol.ControlDrain {
+		t.Fatalf("agent received %v, want a drain", got)
+	}
+	t.Logf("healing history of sick: %v", healing())
+	// It recovers: successes push the failure rate down, healing undoes the drain.
+	sick.Report(200, 13)
+	natstest.Eventually(t, 15*time.Second, "restored", func() bool {
+		h := healing()
+		if len(h) == 0 {
+			return false
+		}
+		last := h[len(h)-1]
+		return strings.HasPrefix(last, "restore/") || strings.HasPrefix(last, "deprioritise/")
+	})
+	if got := sick.Orders(); got[len(got)-1] != protocol.ControlUndrain {
+		t.Fatalf("agent received %v, want an undrain last", got)
+	}
+	t.Logf("after recovery: %v, orders %v", healing(), sick.Orders())
+}

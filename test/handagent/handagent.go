@@ -26,6 +26,10 @@ type Agent struct {
 	tasks    []protocol.Task
 	reply    func(protocol.Task) protocol.Result
 	cancel   context.CancelFunc
+	// reported in heartbeats, as a real agent's counters
+	succeeded, failed uint64
+	draining          bool
+	orders            []string
 	kv       jetstream.KeyValue
 }
 
@@ -72,11 +76,34 @@ func Start(t testing.TB, js jetstream.JetStream, pool, id string, caps []string,
 	p := protocol.Presence{ID: id, Pool: pool, Capabilities: caps, Actions: []string{"echo"}, MaxConcurrent: 64,
 		TaskStream: protocol.TaskStream(shard), TaskSubject: protocol.TaskSubject(shard, pool, id)}
 	heartbeat := func() {
+		a.mu.Lock()
 		p.HeartbeatAt = time.Now()
+		p.Succeeded, p.Failed, p.Draining = a.succeeded, a.failed, a.draining
+		a.mu.Unlock()
 		v, _ := json.Marshal(p)
 		_, _ = kv.Put(ctx, protocol.PresenceKey(pool, id), v)
 	}
 	a.kv = kv
+	// Orders on the control subject are obeyed as far as presence goes
+	// (drain shows as draining) and recorded.
+	sub, err := js.Conn().Subscribe(protocol.AgentControlSubject(pool, id), func(m *nats.Msg) {
+		var c protocol.Control
+		_ = json.Unmarshal(m.Data, &c)
+		a.mu.Lock()
+		a.orders = append(a.orders, c.Op)
+		switch c.Op {
+		case protocol.ControlDrain:
+			a.draining = true
+		case protocol.ControlUndrain:
+			a.draining = false
+		}
+		a.mu.Unlock()
+		_ = m.Respond([]byte("ok"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	heartbeat()
 	wg.Add(2)
 	go func() {
@@ -172,4 +199,19 @@ func (a *Agent) Stop() { a.cancel() }
 func (a *Agent) Leave() {
 	a.cancel()
 	_ = a.kv.Delete(context.Background(), protocol.PresenceKey(a.pool, a.id))
+}
+
+// Report sets the cumulative counters the next heartbeats carry, so a test
+// can make the agent look as healthy or sick as it needs.
+func (a *Agent) Report(succeeded, failed uint64) {
+	a.mu.Lock()
+	a.succeeded, a.failed = succeeded, failed
+	a.mu.Unlock()
+}
+
+// Orders returns the control ops received so far.
+func (a *Agent) Orders() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.orders...)
 }
