@@ -30,7 +30,7 @@ type Agent struct {
 	succeeded, failed uint64
 	draining          bool
 	orders            []string
-	kv       jetstream.KeyValue
+	kv                jetstream.KeyValue
 }
 
 // Options tune the agent's consumer.
