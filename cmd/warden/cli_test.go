@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/pkg/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
@@ -272,5 +274,12 @@ func TestInspectCommands(t *testing.T) {
 	r = warden(t, "", "agents", "ls", "--json", "--server", e.url)
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
 		t.Fatalf("agents ls --json: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestWrongStateExitsUsage(t *testing.T) {
+	t.Parallel()
+	if got := exitCode(fmt.Errorf("wrapped: %w", ops.ErrFinished)); got != exitUsage {
+		t.Fatalf("cancel of a finished job exits %d, want %d", got, exitUsage)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/dlq"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -12,7 +13,7 @@ import (
 const (
 	exitOK          = 0 // success
 	exitJobFailed   = 1 // submit --wait: the job ended failed or cancelled
-	exitUsage       = 2 // bad flags or arguments, unreadable or invalid spec, rejected submission
+	exitUsage       = 2 // bad flags or arguments, unreadable or invalid spec, rejected submission, an action on a job or step in the wrong state
 	exitNotFound    = 3 // no such job
 	exitUnavailable = 4 // NATS connection, stream or timeout error
 )
@@ -50,7 +51,7 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, errUsage), errors.Is(err, spec.ErrInvalid), errors.Is(err, client.ErrRejected):
+	case errors.Is(err, errUsage), errors.Is(err, spec.ErrInvalid), errors.Is(err, client.ErrRejected), errors.Is(err, dlq.ErrWrongState):
 		return exitUsage
 	case errors.Is(err, client.ErrNotFound):
 		return exitNotFound

@@ -26,6 +26,10 @@ import (
 // ErrNotFound: no dead letter with that id.
 var ErrNotFound = errors.New("dead letter not found")
 
+// ErrWrongState: the step or job is not in a state the action applies to
+// (a retry of a step that is no longer dead-lettered, say).
+var ErrWrongState = errors.New("wrong state")
+
 // Letter is one dead letter. ID is its sequence in WARDEN_DLQ.
 type Letter struct {
 	ID         uint64              `json:"id"`
@@ -146,7 +150,7 @@ func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 			return err
 		}
 		if st.State != jobstore.StepDeadLettered && st.State != jobstore.StepFailed {
-			return fmt.Errorf("step %s.%s is %s, not dead-lettered or failed", jobID, stepID, st.State)
+			return fmt.Errorf("%w: step %s.%s is %s, not dead-lettered or failed", ErrWrongState, jobID, stepID, st.State)
 		}
 		st.State, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, "", time.Time{}, time.Time{}
 		st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0

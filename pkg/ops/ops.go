@@ -20,8 +20,8 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-// ErrFinished: the job is already terminal.
-var ErrFinished = errors.New("job already finished")
+// ErrFinished: the job is already terminal (it matches dlq.ErrWrongState).
+var ErrFinished = fmt.Errorf("%w: job already finished", dlq.ErrWrongState)
 
 // Ops acts on one deployment.
 type Ops struct {
@@ -110,7 +110,7 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 		return nil, err
 	}
 	if !job.State.Terminal() {
-		return nil, fmt.Errorf("job %s is %s: only a finished job can be retried", jobID, job.State)
+		return nil, fmt.Errorf("%w: job %s is %s: only a finished job can be retried", dlq.ErrWrongState, jobID, job.State)
 	}
 	if err := o.updateJob(ctx, jobID, func(j *jobstore.Job) error { j.Desired = jobstore.JobSucceeded; return nil }); err != nil {
 		return nil, err
@@ -141,7 +141,7 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 		reopened = append(reopened, s.ID)
 	}
 	if len(reopened) == 0 {
-		return nil, fmt.Errorf("job %s has no failed, dead-lettered or cancelled step to retry", jobID)
+		return nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", dlq.ErrWrongState, jobID)
 	}
 	dlq.Kick(ctx, o.nc, jobID)
 	return reopened, nil
