@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/health"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -25,13 +26,10 @@ func (a *app) agentsCommand() *cobra.Command {
 }
 
 func (a *app) listAgents(ctx context.Context) error {
-	c, err := a.connect()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := a.opContext(ctx)
-	defer cancel()
+	return a.withClient(ctx, a.printAgents)
+}
+
+func (a *app) printAgents(ctx context.Context, c *client.Client) error {
 	agents, err := c.Agents(ctx)
 	if err != nil {
 		return err

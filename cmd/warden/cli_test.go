@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/dlq"
 	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/ops"
@@ -281,5 +282,14 @@ func TestWrongStateExitsUsage(t *testing.T) {
 	t.Parallel()
 	if got := exitCode(fmt.Errorf("wrapped: %w", ops.ErrFinished)); got != exitUsage {
 		t.Fatalf("cancel of a finished job exits %d, want %d", got, exitUsage)
+	}
+}
+
+func TestNotFoundErrorsExit3(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{jobstore.ErrNotFound, dlq.ErrNotFound, client.ErrNotFound} {
+		if got := exitCode(fmt.Errorf("wrapped: %w", err)); got != exitNotFound {
+			t.Errorf("%v exits %d, want %d", err, got, exitNotFound)
+		}
 	}
 }

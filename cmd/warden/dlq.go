@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/dlq"
 )
 
@@ -18,7 +18,7 @@ func (a *app) dlqCommand() *cobra.Command {
 	ls := &cobra.Command{
 		Use: "ls", Short: "List dead letters, oldest first", Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue) error {
+			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue, c *client.Client) error {
 				letters, err := q.List(ctx, limit)
 				if err != nil {
 					return err
@@ -43,7 +43,7 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return usageError("%v", err)
 			}
-			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue) error {
+			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue, c *client.Client) error {
 				l, err := q.Get(ctx, id)
 				if err != nil {
 					return err
@@ -74,12 +74,7 @@ func (a *app) dlqCommand() *cobra.Command {
 			if err != nil {
 				return usageError("%v", err)
 			}
-			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue) error {
-				c, err := a.connect()
-				if err != nil {
-					return err
-				}
-				defer c.Close()
+			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue, c *client.Client) error {
 				store, err := c.Store(ctx)
 				if err != nil {
 					return err
@@ -103,7 +98,7 @@ func (a *app) dlqCommand() *cobra.Command {
 			if !yes {
 				return usageError("purge deletes every dead letter for good; pass --yes to confirm")
 			}
-			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue) error {
+			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue, c *client.Client) error {
 				n, err := q.Purge(ctx)
 				if err != nil {
 					return err
@@ -122,21 +117,12 @@ func (a *app) dlqCommand() *cobra.Command {
 }
 
 // withDLQ connects, opens the dead-letter stream and runs f within --timeout.
-func (a *app) withDLQ(ctx context.Context, f func(context.Context, *dlq.Queue) error) error {
-	c, err := a.connect()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := a.opContext(ctx)
-	defer cancel()
-	q, err := dlq.Open(ctx, c.Conn(), c.JetStream())
-	if err != nil {
-		return &exitError{code: exitUnavailable, err: err}
-	}
-	err = f(ctx, q)
-	if errors.Is(err, dlq.ErrNotFound) {
-		return &exitError{code: exitNotFound, err: err}
-	}
-	return err
+func (a *app) withDLQ(ctx context.Context, f func(context.Context, *dlq.Queue, *client.Client) error) error {
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		q, err := dlq.Open(ctx, c.Conn(), c.JetStream())
+		if err != nil {
+			return &exitError{code: exitUnavailable, err: err}
+		}
+		return f(ctx, q, c)
+	})
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/dlq"
+	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -53,7 +54,7 @@ func exitCode(err error) int {
 		return ee.code
 	case errors.Is(err, errUsage), errors.Is(err, spec.ErrInvalid), errors.Is(err, client.ErrRejected), errors.Is(err, dlq.ErrWrongState):
 		return exitUsage
-	case errors.Is(err, client.ErrNotFound):
+	case errors.Is(err, client.ErrNotFound), errors.Is(err, jobstore.ErrNotFound), errors.Is(err, dlq.ErrNotFound):
 		return exitNotFound
 	default:
 		return exitUnavailable

@@ -25,22 +25,17 @@ func (a *app) jobCommand() *cobra.Command {
 }
 
 func (a *app) showJob(ctx context.Context, id string) error {
-	c, err := a.connect()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := a.opContext(ctx)
-	defer cancel()
-	d, err := c.Job(ctx, id)
-	if err != nil {
-		return err
-	}
-	if a.json {
-		return writeJSON(a.stdout, d)
-	}
-	printJob(a, d, time.Now())
-	return nil
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		d, err := c.Job(ctx, id)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(a.stdout, d)
+		}
+		printJob(a, d, time.Now())
+		return nil
+	})
 }
 
 func printJob(a *app, d client.JobDetail, now time.Time) {

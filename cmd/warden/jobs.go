@@ -44,17 +44,16 @@ func validJobState(s jobstore.JobState) bool {
 }
 
 func (a *app) listJobs(ctx context.Context, f client.JobFilter) error {
-	c, err := a.connect()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := a.opContext(ctx)
-	defer cancel()
-	jobs, err := c.Jobs(ctx, f)
-	if err != nil {
-		return err
-	}
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		jobs, err := c.Jobs(ctx, f)
+		if err != nil {
+			return err
+		}
+		return a.printJobs(jobs)
+	})
+}
+
+func (a *app) printJobs(jobs []client.JobSummary) error {
 	if a.json {
 		if jobs == nil {
 			jobs = []client.JobSummary{}

@@ -2,35 +2,25 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/ops"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // withOps connects and runs f with operators' actions, within --timeout.
 func (a *app) withOps(ctx context.Context, f func(context.Context, *ops.Ops) error) error {
-	c, err := a.connect()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ctx, cancel := a.opContext(ctx)
-	defer cancel()
-	store, err := c.Store(ctx)
-	if err != nil {
-		return &exitError{code: exitUnavailable, err: err}
-	}
-	err = f(ctx, ops.New(c.Conn(), store))
-	if errors.Is(err, jobstore.ErrNotFound) {
-		return &exitError{code: exitNotFound, err: err}
-	}
-	return err
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		store, err := c.Store(ctx)
+		if err != nil {
+			return &exitError{code: exitUnavailable, err: err}
+		}
+		return f(ctx, ops.New(c.Conn(), store))
+	})
 }
 
 func (a *app) jobOpsCommands() []*cobra.Command {

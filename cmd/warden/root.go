@@ -67,6 +67,19 @@ func (a *app) connect() (*client.Client, error) {
 	return c, nil
 }
 
+// withClient connects, runs f within --timeout and closes the connection:
+// the shape of every command but submit, which times its own wait.
+func (a *app) withClient(ctx context.Context, f func(context.Context, *client.Client) error) error {
+	c, err := a.connect()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := a.opContext(ctx)
+	defer cancel()
+	return f(ctx, c)
+}
+
 // opContext bounds one inspection by --timeout.
 func (a *app) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if a.timeout <= 0 {
