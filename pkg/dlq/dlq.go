@@ -141,7 +141,7 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 	return l, nil
 }
 
-// Reopen puts a dead-lettered or failed step back to pending with a fresh
+// Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
 // attempt budget, and reopens its job and the steps skipped in its wake.
 func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
 	for range 8 {
@@ -149,10 +149,12 @@ func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 		if err != nil {
 			return err
 		}
-		if st.State != jobstore.StepDeadLettered && st.State != jobstore.StepFailed {
-			return fmt.Errorf("%w: step %s.%s is %s, not dead-lettered or failed", ErrWrongState, jobID, stepID, st.State)
+		switch st.State {
+		case jobstore.StepDeadLettered, jobstore.StepFailed, jobstore.StepCancelled:
+		default:
+			return fmt.Errorf("%w: step %s.%s is %s, not dead-lettered, failed or cancelled", ErrWrongState, jobID, stepID, st.State)
 		}
-		st.State, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, "", time.Time{}, time.Time{}
+		st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
 		st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0
 		st.LastError = "reopened by an operator after: " + st.LastError
 		st.UpdatedAt = now
@@ -186,10 +188,10 @@ func reopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 				return err
 			}
 		}
-		if !job.State.Terminal() {
+		if !job.State.Terminal() && job.Desired == jobstore.JobSucceeded {
 			return nil
 		}
-		job.State, job.Error, job.FinishedAt, job.UpdatedAt = jobstore.JobRunning, "", time.Time{}, now
+		job.State, job.Desired, job.Error, job.FinishedAt, job.UpdatedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}, now
 		if _, err := store.UpdateJob(ctx, job, rev); errors.Is(err, jobstore.ErrConflict) {
 			continue
 		} else if err != nil {

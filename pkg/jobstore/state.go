@@ -190,7 +190,7 @@ func Evaluate(steps []*Step) Plan {
 		}
 	}
 	active, succeeded := 0, 0
-	var failed, cancelled bool
+	var failed, cancelled, dispatched bool
 	for _, s := range steps {
 		switch {
 		case blocked[s.ID]:
@@ -209,6 +209,7 @@ func Evaluate(steps []*Step) Plan {
 			}
 		case s.State == StepDispatched:
 			active++
+			dispatched = true
 		case s.State == StepSucceeded:
 			succeeded++
 		case s.State == StepCancelled:
@@ -221,7 +222,7 @@ func Evaluate(steps []*Step) Plan {
 		}
 	}
 	switch {
-	case active > 0 && (succeeded > 0 || activeDispatched(steps)):
+	case active > 0 && (succeeded > 0 || dispatched):
 		p.State = JobRunning
 	case active > 0:
 		p.State = JobPending
@@ -233,13 +234,4 @@ func Evaluate(steps []*Step) Plan {
 		p.State = JobSucceeded
 	}
 	return p
-}
-
-func activeDispatched(steps []*Step) bool {
-	for _, s := range steps {
-		if s.State == StepDispatched {
-			return true
-		}
-	}
-	return false
 }

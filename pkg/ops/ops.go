@@ -112,9 +112,6 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if !job.State.Terminal() {
 		return nil, fmt.Errorf("%w: job %s is %s: only a finished job can be retried", dlq.ErrWrongState, jobID, job.State)
 	}
-	if err := o.updateJob(ctx, jobID, func(j *jobstore.Job) error { j.Desired = jobstore.JobSucceeded; return nil }); err != nil {
-		return nil, err
-	}
 	var reopened []string
 	steps, err := o.store.Steps(ctx, job)
 	if err != nil {
@@ -125,15 +122,6 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 		case jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled:
 		default:
 			continue
-		}
-		if s.State == jobstore.StepCancelled {
-			if err := o.updateStep(ctx, jobID, s.ID, func(st *jobstore.Step) (bool, error) {
-				st.State = jobstore.StepFailed // Reopen takes failed steps
-				st.Desired = jobstore.StepSucceeded
-				return true, nil
-			}); err != nil {
-				return reopened, err
-			}
 		}
 		if err := dlq.Reopen(ctx, o.store, jobID, s.ID, o.now().UTC()); err != nil {
 			return reopened, err
@@ -155,6 +143,12 @@ func (o *Ops) DrainAgent(ctx context.Context, pool, agent string) error {
 // UndrainAgent tells a drained agent to take tasks again.
 func (o *Ops) UndrainAgent(ctx context.Context, pool, agent string) error {
 	return o.agentRequest(ctx, pool, agent, protocol.Control{Op: protocol.ControlUndrain})
+}
+
+// LimitAgent sets how many tasks an agent runs at once (at most its
+// max_concurrent); 0 restores max_concurrent.
+func (o *Ops) LimitAgent(ctx context.Context, pool, agent string, n int) error {
+	return o.agentRequest(ctx, pool, agent, protocol.Control{Op: protocol.ControlLimit, Value: n})
 }
 
 // FailoverAgent asks the supervisor leader to move an agent's queued tasks

@@ -181,11 +181,3 @@ func normaliseClass(class string) string {
 	}
 	return ""
 }
-
-// Retriable classifies a failure with the built-in rules: an explicit class
-// from the agent wins; otherwise the error text is matched, permanent
-// patterns first (so "invalid ... timeout" is permanent); anything else is
-// defaultRetriable. It is Classify without retry-after or custom rules.
-func Retriable(class, errText string, defaultRetriable bool) bool {
-	return Classify(class, errText, 0, Classification{RetryUnclassified: defaultRetriable}).Retriable
-}

@@ -13,6 +13,8 @@ import (
 	"github.com/wardenhq/warden/pkg/retry"
 )
 
+// TestRetriable checks the built-in rules alone, with the unclassified
+// default both ways.
 func TestRetriable(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -32,8 +34,8 @@ func TestRetriable(t *testing.T) {
 		{"", "exit status 3", true, true},
 	}
 	for _, c := range cases {
-		if got := retry.Retriable(c.class, c.msg, c.def); got != c.want {
-			t.Errorf("Retriable(%q, %q, %v) = %v, want %v", c.class, c.msg, c.def, got, c.want)
+		if got := retry.Classify(c.class, c.msg, 0, retry.Classification{RetryUnclassified: c.def}).Retriable; got != c.want {
+			t.Errorf("Classify(%q, %q, unclassified retriable %v).Retriable = %v, want %v", c.class, c.msg, c.def, got, c.want)
 		}
 	}
 }

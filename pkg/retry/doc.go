@@ -2,7 +2,7 @@
 //
 // It owns two pure decisions, both free of clocks and I/O:
 //
-//   - Classification (Classify, Retriable): is a failure worth retrying? An
+//   - Classification (Classify, Config.Decide): is a failure worth retrying? An
 //     explicit class from the agent wins (the Go SDK's typed errors, or
 //     error_class in another language's result payload); otherwise the error
 //     text is matched against rules: the operator's own rules first, then the

@@ -142,7 +142,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				s.selector.ClearHealth)
 			if err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("health watch failed; retrying")
-				time.Sleep(time.Second)
+				select {
+				case <-ctx.Done():
+				case <-time.After(s.cfg.WaitRetry.Std()):
+				}
 			}
 		}
 	}()

@@ -158,14 +158,14 @@ func (h *healer) apply(ctx context.Context, p protocol.Presence, c *agentCare, w
 	var err error
 	// Undo what the previous action did that the new one does not.
 	if from == ActionReduceLoad && want != ActionReduceLoad {
-		err = h.limit(ctx, p, 0)
+		err = h.ops.LimitAgent(ctx, p.Pool, p.ID, 0)
 	}
 	if (from == ActionDrain || from == ActionFailover) && want != ActionDrain && want != ActionFailover {
 		err = h.ops.UndrainAgent(ctx, p.Pool, p.ID)
 	}
 	switch want {
 	case ActionReduceLoad:
-		err = h.limit(ctx, p, max(1, p.MaxConcurrent/2))
+		err = h.ops.LimitAgent(ctx, p.Pool, p.ID, max(1, p.MaxConcurrent/2))
 	case ActionDrain:
 		err = h.ops.DrainAgent(ctx, p.Pool, p.ID)
 		c.drainedAt, c.moved = h.l.now(), false
@@ -175,20 +175,6 @@ func (h *healer) apply(ctx context.Context, p protocol.Presence, c *agentCare, w
 	}
 	c.action = want
 	h.record(ctx, p, from, want, a, err)
-}
-
-func (h *healer) limit(ctx context.Context, p protocol.Presence, n int) error {
-	b, _ := json.Marshal(protocol.Control{Op: protocol.ControlLimit, Value: n})
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	m, err := h.l.nc.RequestWithContext(rctx, protocol.AgentControlSubject(p.Pool, p.ID), b)
-	if err != nil {
-		return err
-	}
-	if r := string(m.Data); strings.HasPrefix(r, "error: ") {
-		return fmt.Errorf("%s", strings.TrimPrefix(r, "error: "))
-	}
-	return nil
 }
 
 func (h *healer) failover(ctx context.Context, p protocol.Presence, a health.Assessment, why string) {

@@ -59,6 +59,18 @@ func TestCancelStopsRunningShellStep(t *testing.T) {
 	if long.State != jobstore.StepCancelled || after.State != jobstore.StepCancelled || !strings.HasPrefix(long.LastError, "cancelled") {
 		t.Fatalf("steps: long %s (%q), after %s", long.State, long.LastError, after.State)
 	}
+
+	// A cancelled job can be retried: its cancelled steps run again.
+	retry := procs.Start(t, "warden job retry", bins["warden"], "--server", e.srv.URL, "job", "retry", "job-cancel")
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	if code, err := retry.Wait(rctx); err != nil || code != 0 || !strings.Contains(retry.Output(), "reopened long, after") {
+		t.Fatalf("warden job retry: %d %v\n%s", code, err, retry.Output())
+	}
+	natstest.Eventually(t, 10*time.Second, "long dispatched again", func() bool {
+		s := e.step(t, "job-cancel", "long")
+		return s != nil && s.State == jobstore.StepDispatched && s.Epoch == 2
+	})
 }
 
 func TestDrainedAgentTakesNoNewWork(t *testing.T) {
