@@ -129,7 +129,7 @@ func (l *leader) handleAdvisory(ctx context.Context, msg jetstream.Msg) error {
 			}
 			return nil
 		}
-		err = l.deadLetterStepWithDeliveries(ctx, st, rev, "max_deliveries", detail, raw, adv.Stream, adv.Deliveries)
+		err = l.deadLetterStep(ctx, st, rev, "max_deliveries", detail, raw, adv.Deliveries)
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
@@ -144,20 +144,13 @@ func (l *leader) handleAdvisory(ctx context.Context, msg jetstream.Msg) error {
 // deadLetterStep parks a step: a copy of its task (the original message if
 // there is one, else one built from the record) goes to the dead-letter
 // stream, the original is deleted, and the step is marked dead-lettered.
-func (l *leader) deadLetterStep(ctx context.Context, st *jobstore.Step, rev uint64, reason, detail string, raw *jetstream.RawStreamMsg) error {
-	stream := ""
-	if raw != nil {
-		stream = protocol.TaskStream(protocol.Shard(st.Pool, st.Actor, l.cfg.TaskShards))
-	}
-	return l.deadLetterStepWithDeliveries(ctx, st, rev, reason, detail, raw, stream, 0)
-}
-
-func (l *leader) deadLetterStepWithDeliveries(ctx context.Context, st *jobstore.Step, rev uint64, reason, detail string,
-	raw *jetstream.RawStreamMsg, stream string, deliveries uint64) error {
+// deliveries is the task's delivery count when known (0 otherwise).
+func (l *leader) deadLetterStep(ctx context.Context, st *jobstore.Step, rev uint64, reason, detail string,
+	raw *jetstream.RawStreamMsg, deliveries uint64) error {
 	if err := l.fence(); err != nil {
 		return err
 	}
-	if err := l.copyToDLQ(ctx, st, raw, stream, reason, detail, deliveries); err != nil {
+	if err := l.copyToDLQ(ctx, st, raw, reason, detail, deliveries); err != nil {
 		return err
 	}
 	st.DeadLetter(detail, l.now().UTC())
@@ -174,32 +167,31 @@ func (l *leader) deadLetterStepWithDeliveries(ctx context.Context, st *jobstore.
 // copyToDLQ publishes the dead letter (waiting for the PubAck), then deletes
 // the original task, in that order: a crash in between leaves a duplicate,
 // never a loss.
-func (l *leader) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, stream, reason, detail string, deliveries uint64) error {
-	pool, agent, job, step, epoch := "unknown", "none", "", "", ""
-	if raw != nil {
-		parts := strings.Split(raw.Subject, ".")
-		if len(parts) == 5 {
-			pool, agent = parts[3], parts[4]
-		}
-		job, step, epoch = raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep), raw.Header.Get(protocol.HeaderEpoch)
+func (l *leader) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, reason, detail string, deliveries uint64) error {
+	pool, agent, epoch := st.Pool, st.Actor, strconv.FormatUint(st.Epoch, 10)
+	if agent == "" {
+		agent = "none"
 	}
+	stream := ""
 	msg := nats.NewMsg("")
-	switch {
-	case raw != nil:
+	if raw != nil {
+		// warden.task.<shard>.<pool>.<agent>: where the task was, and whose.
+		if parts := strings.Split(raw.Subject, "."); len(parts) == 5 {
+			pool, agent = parts[3], parts[4]
+			if shard, err := strconv.Atoi(parts[2]); err == nil {
+				stream = protocol.TaskStream(shard)
+			}
+		}
 		for k, v := range raw.Header {
 			if k != protocol.HeaderMsgID {
 				msg.Header[k] = append([]string(nil), v...)
 			}
 		}
 		msg.Data = raw.Data
+		epoch = raw.Header.Get(protocol.HeaderEpoch)
 		msg.Header.Set(protocol.HeaderDLQStream, stream)
 		msg.Header.Set(protocol.HeaderDLQStreamSeq, strconv.FormatUint(raw.Sequence, 10))
-	case st != nil:
-		pool = st.Pool
-		if st.Actor != "" {
-			agent = st.Actor
-		}
-		job, step, epoch = st.JobID, st.ID, strconv.FormatUint(st.Epoch, 10)
+	} else {
 		task := protocol.Task{JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch, Attempt: st.Attempt, Action: st.Action,
 			Params: st.Params, Timeout: st.Timeout, Deadline: st.LockedUntil}
 		msg.Data, _ = json.Marshal(task)
@@ -208,13 +200,14 @@ func (l *leader) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstrea
 		msg.Header.Set(protocol.HeaderEpoch, epoch)
 		msg.Header.Set(protocol.HeaderAction, st.Action)
 	}
+	job, step := st.JobID, st.ID
 	msg.Subject = protocol.DLQSubject(pool, agent)
 	msg.Header.Set(protocol.HeaderMsgID, "dlq."+job+"."+step+"."+epoch+"."+reason)
 	msg.Header.Set(protocol.HeaderDLQReason, reason)
 	msg.Header.Set(protocol.HeaderDLQDetail, detail)
 	msg.Header.Set(protocol.HeaderDLQDeliveries, strconv.FormatUint(deliveries, 10))
 	msg.Header.Set(protocol.HeaderDLQTime, l.now().UTC().Format(time.RFC3339Nano))
-	if st != nil && st.LastError != "" {
+	if st.LastError != "" {
 		msg.Header.Set(protocol.HeaderDLQLastError, st.LastError)
 	}
 	if _, err := l.js.PublishMsg(ctx, msg); err != nil {

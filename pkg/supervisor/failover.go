@@ -252,7 +252,7 @@ func (l *leader) releaseForTransfer(ctx context.Context, job, step string, epoch
 		}
 		if inFlight && st.Recoveries+1 >= l.cfg.PoisonThreshold {
 			why := fmt.Sprintf("poison: its agents failed %d times while running it (last: %s)", st.Recoveries+1, agent)
-			err := l.deadLetterStep(ctx, st, rev, "poison", why, raw)
+			err := l.deadLetterStep(ctx, st, rev, "poison", why, raw, 0)
 			if errors.Is(err, jobstore.ErrConflict) {
 				continue
 			}

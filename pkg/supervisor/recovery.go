@@ -143,7 +143,7 @@ func (l *leader) takeBack(ctx context.Context, st *jobstore.Step, rev uint64, st
 	now := l.now().UTC()
 	if st.Recoveries+1 >= l.cfg.PoisonThreshold {
 		why := fmt.Sprintf("poison: taken back from its agent %d times (last: %s)", st.Recoveries+1, reason)
-		if err := l.deadLetterStep(ctx, st, rev, "poison", why, nil); err != nil {
+		if err := l.deadLetterStep(ctx, st, rev, "poison", why, nil, 0); err != nil {
 			return err
 		}
 		log.Warn().Str("reason", why).Msg("step parked in the dead-letter stream")
