@@ -4,13 +4,17 @@
 #   docker build --build-arg BINARY=<name> -t warden/<name>:dev .
 # where <name> is scheduler, supervisor, agent, warden or nats-server.
 #
-# The image holds only the binary (/app) and configs/ (/etc/warden): no
-# shell, no CA certificates, no user database. Processes run as the user
-# docker-compose.yml chooses.
+# The image holds only the binary (/app), configs/ (/etc/warden) and an
+# empty /data owned by the runtime user (nats-server's JetStream store; a
+# named volume mounted there inherits the ownership). No shell, no CA
+# certificates, no user database. Everything runs as uid/gid 65532, never
+# root; credentials are mounted read-only at run time (docker-compose.yml).
 FROM scratch
 ARG BINARY=scheduler
 LABEL org.opencontainers.image.title="warden-${BINARY}" \
       org.opencontainers.image.source="https://github.com/wardenhq/warden"
-COPY bin/${BINARY} /app
-COPY configs/ /etc/warden/
+COPY --chown=65532:65532 bin/.empty/ /data/
+COPY --chown=0:0 bin/${BINARY} /app
+COPY --chown=0:0 configs/ /etc/warden/
+USER 65532:65532
 ENTRYPOINT ["/app"]

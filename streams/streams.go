@@ -22,6 +22,9 @@ type Options struct {
 	Replicas int
 	// TaskShards is the number of task streams. Defaults to 4.
 	TaskShards int
+	// Partitions is the number of scheduler partitions submissions and
+	// results are split into by job id. Defaults to 8.
+	Partitions int
 	// PresenceTTL is the presence bucket's TTL. Defaults to the file's (3s).
 	PresenceTTL time.Duration
 	// LeaseTTL is the leases bucket's TTL. Defaults to the file's (5s).
@@ -31,12 +34,18 @@ type Options struct {
 // DefaultTaskShards is the task shard count when none is configured.
 const DefaultTaskShards = 4
 
+// DefaultPartitions is the scheduler partition count when none is configured.
+const DefaultPartitions = 8
+
 func (o Options) withDefaults() Options {
 	if o.Replicas <= 0 {
 		o.Replicas = 1
 	}
 	if o.TaskShards <= 0 {
 		o.TaskShards = DefaultTaskShards
+	}
+	if o.Partitions <= 0 {
+		o.Partitions = DefaultPartitions
 	}
 	return o
 }
@@ -78,6 +87,14 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 			return nil, err
 		}
 		c.Replicas = opts.Replicas
+		switch c.Name {
+		case protocol.StreamSubmit:
+			src, dst := protocol.SubmitTransform(opts.Partitions)
+			c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dst}
+		case protocol.StreamResults:
+			src, dst := protocol.ResultTransform(opts.Partitions)
+			c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dst}
+		}
 		out = append(out, c)
 	}
 	var adv jetstream.StreamConfig
@@ -107,11 +124,11 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 	return out, nil
 }
 
-// KeyValueConfigs returns the job store, presence and leases buckets.
+// KeyValueConfigs returns the job store, presence, leases, health and clusters buckets.
 func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 	opts = opts.withDefaults()
 	var out []jetstream.KeyValueConfig
-	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json"} {
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json"} {
 		var c jetstream.KeyValueConfig
 		if err := decode(f, &c); err != nil {
 			return nil, err
@@ -162,6 +179,28 @@ func SupervisorConsumer() (jetstream.ConsumerConfig, error) {
 	return c, err
 }
 
+// PartitionConsumer returns the schedulers' consumer of one partition of a
+// stream (kind "submit" or "results"): pinned to one scheduler at a time
+// (priority group "owner"), so that scheduler may cache the partition's
+// jobs; another takes over after pinnedTTL without pulls.
+func PartitionConsumer(kind string, p int, filter string, ackWait, pinnedTTL time.Duration) (jetstream.ConsumerConfig, error) {
+	c, err := SchedulerConsumer()
+	if err != nil {
+		return c, err
+	}
+	c.Durable = fmt.Sprintf("scheduler-%s-%d", kind, p)
+	c.Description = fmt.Sprintf("Partition %d of the schedulers' %s: one scheduler at a time owns it.", p, kind)
+	c.FilterSubject = filter
+	c.AckWait = ackWait
+	c.PriorityPolicy = jetstream.PriorityPolicyPinned
+	c.PriorityGroups = []string{PriorityGroupOwner}
+	c.PinnedTTL = pinnedTTL
+	return c, nil
+}
+
+// PriorityGroupOwner is the priority group of the partition consumers.
+const PriorityGroupOwner = "owner"
+
 // SchedulerConsumer returns the consumer the schedulers share on a stream.
 func SchedulerConsumer() (jetstream.ConsumerConfig, error) {
 	var c jetstream.ConsumerConfig
@@ -170,8 +209,14 @@ func SchedulerConsumer() (jetstream.ConsumerConfig, error) {
 }
 
 // Ensure creates every stream and bucket, or updates it to its definition.
-// It is safe to call from every process at every start.
+// It is safe to call from every process at every start. It first checks
+// the deployment record (CheckDeployment): a process whose task shards or
+// partitions differ from the deployment's gets a *MismatchError and changes
+// nothing.
 func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
+	if err := CheckDeployment(ctx, js, opts.Deployment(), opts.withDefaults().Replicas); err != nil {
+		return err
+	}
 	streams, err := StreamConfigs(opts)
 	if err != nil {
 		return err
@@ -193,17 +238,26 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 				continue
 			}
 		}
-		if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
-			if isAPIError(err) {
-				return &IncompatibleError{Name: "KV_" + c.Bucket, Err: err}
-			}
-			return fmt.Errorf("ensure bucket %s: %w", c.Bucket, err)
+		if err := ensureKV(ctx, js, c); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
+	h := streamHash(c)
+	if upToDate(ctx, js, c.Name, h) {
+		return nil
+	}
+	c.Metadata = withHash(c.Metadata, h)
+	if err := createOrUpdateStream(ctx, js, c); err != nil {
+		return setupError(c.Name, err)
+	}
+	return nil
+}
+
+func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
 	_, err := js.CreateStream(ctx, c)
 	if err == nil {
 		return nil

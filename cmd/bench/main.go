@@ -1,8 +1,9 @@
 // Command bench runs Warden's benchmark suite (`make bench`): raw JetStream
-// baseline, Warden throughput, latency, failover, scale and memory, in one
+// baseline, Warden throughput, latency, large jobs, delayed jobs, concurrency keys, history,
+// failover, cluster failover, scale and memory, in one
 // run, and writes bench/results/<timestamp>.json and latest.json.
 //
-//	bench [--quick] [--only raw,throughput,latency,failover,scale,memory]
+//	bench [--quick] [--only raw,throughput,latency,dag,delayed,concurrency,history,failover,cluster,scale,memory]
 //	bench agent --server URL --id ID ...   (a real agent, used by failover)
 package main
 

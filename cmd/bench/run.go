@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -10,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wardenhq/warden/pkg/bench"
+	"github.com/wardenhq/warden/internal/bench"
 )
 
 func run(ctx context.Context, args []string) error {
@@ -25,13 +26,29 @@ func run(ctx context.Context, args []string) error {
 	rssSteps := fs.Int("rss-steps", 0, "queued steps in the memory phase (default 1000000; quick 100000)")
 	foTrials := fs.Int("failover-trials", 0, "agents killed holding a step (default 24; quick 8)")
 	toTrials := fs.Int("takeover-trials", 0, "supervisor leader kills (default 3; quick 1)")
-	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process scheduler, supervisor and light agents)")
+	dagSteps := fs.Int("dag-steps", 0, "steps of the large jobs in the dag phase (default 1000)")
+	chainSteps := fs.Int("chain-steps", 0, "length of the chain in the dag phase (default 100)")
+	historyJobs := fs.Int("history-jobs", 0, "finished jobs the history phase leaves behind (default 20000)")
+	beforeFile := fs.String("before", "", "a previous run's JSON (e.g. bench/results/latest.json): the Markdown table gets a before column")
+	profileDir := fs.String("profile-dir", "", "write CPU profiles of nats-server and of this process over the throughput window here")
+	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process scheduler, supervisor and SDK agents)")
 	workdir := fs.String("workdir", "", "keep binaries and stores here (default: a temp dir, removed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	var before map[string]any
+	if *beforeFile != "" {
+		b, err := os.ReadFile(*beforeFile)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &before); err != nil {
+			return fmt.Errorf("--before %s: %w", *beforeFile, err)
+		}
+	}
 	cfg := bench.Config{Quick: *quick, Server: *server, NATSServer: *natsServer, WorkDir: *workdir,
-		RSSSteps: *rssSteps, FailoverTrials: *foTrials, TakeoverTrials: *toTrials, Log: os.Stderr}
+		RSSSteps: *rssSteps, FailoverTrials: *foTrials, TakeoverTrials: *toTrials,
+		DAGSteps: *dagSteps, ChainSteps: *chainSteps, HistoryJobs: *historyJobs, ProfileDir: *profileDir, Log: os.Stderr}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
@@ -64,7 +81,7 @@ func run(ctx context.Context, args []string) error {
 	fmt.Println()
 	rep.Print(os.Stdout)
 	if !*noWrite {
-		paths, err := rep.WriteFiles(*out, started)
+		paths, err := rep.WriteFiles(*out, started, before)
 		if err != nil {
 			return err
 		}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/health"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/health"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 

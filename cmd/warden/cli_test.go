@@ -11,11 +11,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/dlq"
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natstest"
-	"github.com/wardenhq/warden/pkg/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
@@ -44,9 +44,7 @@ type env struct {
 
 func setup(t *testing.T) env {
 	t.Helper()
-	srv := natstest.New(t)
-	_, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	srv, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := jobstore.Open(ctx, js)
@@ -62,6 +60,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"frobnicate"},
 		{"jobs", "ls", "--bogus"},
 		{"jobs", "ls", "--state", "sleeping"},
+		{"jobs", "ls", "--limit", "0"},
+		{"jobs", "ls", "--since", "-1h"},
 		{"job", "show"},
 		{"job", "show", "a", "b"},
 		{"submit", "-f", "/does/not/exist.yaml"},
@@ -150,7 +150,7 @@ func materialise(t *testing.T, e env, id, specText string) func(jobstore.JobStat
 				t.Error(err)
 				return
 			}
-			if err := st.Dispatch("agent-1", time.Now(), time.Second); err != nil {
+			if err := st.Dispatch("agent-1", "", time.Now(), time.Second); err != nil {
 				t.Error(err)
 				return
 			}
@@ -255,9 +255,26 @@ func TestInspectCommands(t *testing.T) {
 		t.Fatalf("jobs ls (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = warden(t, "", "jobs", "ls", "--state", "pending", "--json", "--server", e.url)
-	var jobs []client.JobSummary
-	if err := json.Unmarshal([]byte(r.stdout), &jobs); err != nil || len(jobs) != 1 || jobs[0].ID != "job-two" {
+	var page ops.JobsPage
+	if err := json.Unmarshal([]byte(r.stdout), &page); err != nil || len(page.Jobs) != 1 || page.Jobs[0].ID != "job-two" || page.Matched != 1 {
 		t.Fatalf("jobs ls --json: %v %s", err, r.stdout)
+	}
+	r = warden(t, "", "jobs", "ls", "--limit", "1", "--server", e.url)
+	if r.code != 0 || !strings.Contains(r.stdout, "job-two") || strings.Contains(r.stdout, "job-one") || !strings.Contains(r.stderr, "next page: --page ") {
+		t.Fatalf("jobs ls --limit 1 (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	cursor := strings.TrimSpace(r.stderr[strings.Index(r.stderr, "--page ")+len("--page "):])
+	r = warden(t, "", "jobs", "ls", "--limit", "1", "--page", cursor, "--server", e.url)
+	if r.code != 0 || !strings.Contains(r.stdout, "job-one") || strings.Contains(r.stdout, "job-two") || strings.Contains(r.stderr, "next page") {
+		t.Fatalf("jobs ls second page (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = warden(t, "", "jobs", "ls", "--state", "running,failed", "--since", "1h", "--server", e.url)
+	if r.code != 0 || strings.Contains(r.stdout, "job-") {
+		t.Fatalf("jobs ls --state running,failed (exit %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = warden(t, "", "jobs", "ls", "--page", "garbage!", "--server", e.url)
+	if r.code != exitUsage {
+		t.Fatalf("jobs ls --page garbage: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
 	}
 
 	r = warden(t, "", "job", "show", "job-one", "--server", e.url)

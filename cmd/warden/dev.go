@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/dev"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/dev"
-	"github.com/wardenhq/warden/pkg/jobstore"
 )
 
 type devFlags struct {
@@ -47,6 +47,7 @@ the server. The global --server, --creds and --timeout flags do not apply.`,
 	fl.StringVar(&f.cfg.Pool, "pool", "default", "pool the agents join")
 	fl.IntVar(&f.cfg.TaskShards, "task-shards", 0, "task streams to create (default: the streams package's)")
 	fl.IntVar(&f.cfg.MetricsPort, "metrics-port", 9300, "first /metrics port: scheduler, supervisor, then agents (0: none)")
+	fl.StringVar(&f.cfg.APIAddr, "api", "127.0.0.1:8080", "where warden api serves the HTTP API and dashboard, open to anyone who can reach it (empty: not started)")
 	fl.StringVar(&f.cfg.BinDir, "bin-dir", "", "directory of the scheduler, supervisor and agent binaries (default: warden's own)")
 	fl.StringVar(&f.cfg.ConfigDir, "config-dir", "", "directory of scheduler.yaml, supervisor.yaml, agent.yaml (default: <bin-dir>/../configs)")
 	fl.DurationVar(&f.cfg.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long a child may take to stop after SIGTERM")

@@ -8,8 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/dlq"
 )
 
 func (a *app) dlqCommand() *cobra.Command {
@@ -75,7 +76,7 @@ func (a *app) dlqCommand() *cobra.Command {
 				return usageError("%v", err)
 			}
 			return a.withDLQ(cmd.Context(), func(ctx context.Context, q *dlq.Queue, c *client.Client) error {
-				store, err := c.Store(ctx)
+				store, err := jobstore.Open(ctx, c.JetStream())
 				if err != nil {
 					return err
 				}
@@ -119,7 +120,7 @@ func (a *app) dlqCommand() *cobra.Command {
 // withDLQ connects, opens the dead-letter stream and runs f within --timeout.
 func (a *app) withDLQ(ctx context.Context, f func(context.Context, *dlq.Queue, *client.Client) error) error {
 	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
-		q, err := dlq.Open(ctx, c.Conn(), c.JetStream())
+		q, err := dlq.Open(ctx, c.JetStream().Conn(), c.JetStream())
 		if err != nil {
 			return &exitError{code: exitUnavailable, err: err}
 		}

@@ -4,19 +4,19 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/dlq"
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/internal/natsconn"
+	"github.com/wardenhq/warden/internal/ops"
 )
 
-// Exit codes a script can rely on (docs/cli.md).
+// Exit codes a script can rely on (docs/cli.md). They come from the ops
+// facade's error codes (ops.Code.ExitCode), which the HTTP API and the NATS
+// micro endpoints use too.
 const (
-	exitOK          = 0 // success
-	exitJobFailed   = 1 // submit --wait: the job ended failed or cancelled
-	exitUsage       = 2 // bad flags or arguments, unreadable or invalid spec, rejected submission, an action on a job or step in the wrong state
-	exitNotFound    = 3 // no such job
-	exitUnavailable = 4 // NATS connection, stream or timeout error
+	exitOK          = ops.ExitOK
+	exitJobFailed   = ops.ExitJobFailed
+	exitUsage       = ops.ExitUsage
+	exitNotFound    = ops.ExitNotFound
+	exitUnavailable = ops.ExitUnavailable
 )
 
 // errUsage marks errors in how the command was called.
@@ -42,21 +42,21 @@ func (e *exitError) Error() string {
 
 func (e *exitError) Unwrap() error { return e.err }
 
-// exitCode maps an error to the documented exit codes. Anything not
-// recognised is treated as an infrastructure problem: the commands wrap
-// every error they can attribute to the caller.
+// exitCode maps an error to the documented exit codes: usage errors are the
+// CLI's own, everything else is classified by the ops facade (anything it
+// does not recognise is an infrastructure problem, exit 4).
 func exitCode(err error) int {
 	var ee *exitError
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.As(err, new(*natsconn.PermissionError)):
+		return exitPermission // permission.go: a refusal, never "unavailable"
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, errUsage), errors.Is(err, spec.ErrInvalid), errors.Is(err, client.ErrRejected), errors.Is(err, dlq.ErrWrongState):
+	case errors.Is(err, errUsage):
 		return exitUsage
-	case errors.Is(err, client.ErrNotFound), errors.Is(err, jobstore.ErrNotFound), errors.Is(err, dlq.ErrNotFound):
-		return exitNotFound
 	default:
-		return exitUnavailable
+		return ops.CodeOf(err).ExitCode()
 	}
 }

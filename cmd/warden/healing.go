@@ -5,8 +5,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/events"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -27,7 +27,7 @@ func (a *app) healingCommand() *cobra.Command {
 }
 
 func (a *app) printHealing(ctx context.Context, c *client.Client, limit int) error {
-	evs, err := events.List(ctx, c.JetStream(), "healing", limit)
+	evs, err := events.List(ctx, c.JetStream(), protocol.EventHealing, limit)
 	if err != nil {
 		return &exitError{code: exitUnavailable, err: err}
 	}

@@ -4,47 +4,77 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/ops"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // withOps connects and runs f with operators' actions, within --timeout.
 func (a *app) withOps(ctx context.Context, f func(context.Context, *ops.Ops) error) error {
 	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
-		store, err := c.Store(ctx)
+		store, err := jobstore.Open(ctx, c.JetStream())
 		if err != nil {
 			return &exitError{code: exitUnavailable, err: err}
 		}
-		return f(ctx, ops.New(c.Conn(), store))
+		return f(ctx, ops.New(c.JetStream().Conn(), store))
 	})
 }
 
 func (a *app) jobOpsCommands() []*cobra.Command {
+	var noWait bool
+	var compensate bool
 	cancel := &cobra.Command{
-		Use: "cancel ID", Short: "Cancel a job: pending steps are cancelled, running ones interrupted through their agent", Args: exactArgs(1),
+		Use: "cancel ID", Short: "Cancel a job and wait until it has ended: pending steps are cancelled, running ones interrupted through their agent",
+		Long: "Cancel a job. Its desired state becomes cancelled at once, durably: no step of it is dispatched again.\n" +
+			"Steps not started end cancelled; running ones are told to stop and end cancelled when their agent\n" +
+			"reports, or when their lease ends if it never does. The command waits until the job has ended\n" +
+			"(Ctrl-C stops waiting, not the cancel); --no-wait returns once the cancel is recorded.",
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			wait := cmd.Context() // waiting is bounded by the job, not by --timeout
 			return a.withOps(cmd.Context(), func(ctx context.Context, o *ops.Ops) error {
-				rep, err := o.CancelJob(ctx, args[0])
+				start := time.Now()
+				cancelJob := o.CancelJob
+				if compensate {
+					cancelJob = o.CancelJobCompensate
+				}
+				rep, err := cancelJob(ctx, args[0])
 				if err != nil {
 					return err
 				}
-				if a.json {
-					return writeJSON(a.stdout, rep)
+				var final *jobstore.Job
+				if !noWait {
+					if final, err = o.WaitJob(wait, args[0], 50*time.Millisecond); err != nil {
+						return err
+					}
 				}
-				fmt.Fprintf(a.stdout, "job %s cancelled: %d pending steps cancelled, %d running steps interrupted (%s)",
-					rep.JobID, len(rep.Cancelled), len(rep.Interrupted), strings.Join(rep.Interrupted, ", "))
-				if len(rep.Unreached) > 0 {
-					fmt.Fprintf(a.stdout, "; agents of %s did not confirm: those steps end cancelled when they report", strings.Join(rep.Unreached, ", "))
+				if a.json {
+					out := map[string]any{"report": rep}
+					if final != nil {
+						out["state"], out["took"] = final.State, time.Since(start).String()
+					}
+					return writeJSON(a.stdout, out)
+				}
+				fmt.Fprintf(a.stdout, "job %s cancelled: %d pending steps cancelled, %d running steps interrupted",
+					rep.JobID, len(rep.Cancelled), len(rep.Interrupted))
+				if len(rep.Interrupted) > 0 && len(rep.Interrupted) <= 10 {
+					fmt.Fprintf(a.stdout, " (%s)", strings.Join(rep.Interrupted, ", "))
+				}
+				if final != nil {
+					fmt.Fprintf(a.stdout, "; job %s in %s", final.State, time.Since(start).Round(time.Millisecond))
 				}
 				fmt.Fprintln(a.stdout)
 				return nil
 			})
 		},
 	}
+	cancel.Flags().BoolVar(&noWait, "no-wait", false, "return once the cancel is recorded, without waiting for the job to end")
+	cancel.Flags().BoolVar(&compensate, "compensate", false, "then undo the steps that succeeded (their compensate: actions, in reverse dependency order); the job ends compensated or compensation_failed")
 	retry := &cobra.Command{
 		Use: "retry ID", Short: "Retry a finished job's failed, dead-lettered and cancelled steps with a fresh attempt budget", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

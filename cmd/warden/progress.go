@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/jobstore"
 )
 
 // progress prints a followed job's transitions, one line each: a step's

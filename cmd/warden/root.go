@@ -7,8 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/natsconn"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/natsconn"
 )
 
 // app holds what every command shares: streams and global flags.
@@ -24,6 +24,8 @@ type app struct {
 	// started is set once a command's own code runs, so that errors before
 	// that (cobra's parsing) are reported as usage errors.
 	started bool
+	// perm reports a refusal by the server as such (exit 5).
+	perm permissions
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -36,7 +38,8 @@ The server comes from --server or NATS_URL (default ` + natsconn.DefaultURL + `)
 credentials from --creds or NATS_CREDS, as with the nats CLI.
 
 Exit codes: 0 ok, 1 job failed or cancelled (submit --wait), 2 usage error or
-invalid spec, 3 not found, 4 NATS, connection or timeout error.`,
+invalid spec, 3 not found, 4 NATS, connection or timeout error, 5 permission
+denied (the credential's role may not do this: docs/security.md).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
@@ -51,19 +54,20 @@ invalid spec, 3 not found, 4 NATS, connection or timeout error.`,
 	f.BoolVar(&a.json, "json", false, "print machine-readable JSON")
 	f.DurationVar(&a.timeout, "timeout", 10*time.Second, "bound on each NATS operation, and on the wait for the scheduler's reply to a submission")
 
-	root.AddCommand(a.submitCommand(), a.jobsCommand(), a.jobCommand(), a.agentsCommand(), a.agentCommand(), a.dlqCommand(), a.healingCommand(), a.devCommand())
+	root.AddCommand(a.submitCommand(), a.jobsCommand(), a.jobCommand(), a.agentsCommand(), a.agentCommand(), a.dlqCommand(), a.healingCommand(), a.devCommand(),
+		a.clusterCommand(), a.failoversCommand(), a.apiCommand())
+	root.AddCommand(a.scheduleCommand())
+	root.AddCommand(a.credsCommand(), a.setupCommand())
 	return root
 }
 
 // connect opens a client with the global flags.
 func (a *app) connect() (*client.Client, error) {
-	c, err := client.Connect(
-		natsconn.Options{URL: a.server, Creds: a.creds, Name: "warden-cli"},
-		client.Options{ReplyTimeout: a.timeout},
-	)
+	c, err := client.Connect(a.server, client.Options{Creds: a.creds, Name: "warden-cli", ReplyTimeout: a.timeout})
 	if err != nil {
 		return nil, &exitError{code: exitUnavailable, err: err}
 	}
+	natsconn.OnPermissionError(c.JetStream().Conn(), a.perm.denied)
 	return c, nil
 }
 
@@ -82,10 +86,12 @@ func (a *app) withClient(ctx context.Context, f func(context.Context, *client.Cl
 
 // opContext bounds one inspection by --timeout.
 func (a *app) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, stop := a.perm.bind(ctx)
 	if a.timeout <= 0 {
-		return context.WithCancel(ctx)
+		return ctx, stop
 	}
-	return context.WithTimeout(ctx, a.timeout)
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	return ctx, func() { cancel(); stop() }
 }
 
 // exactArgs is cobra.ExactArgs reporting a usage error.

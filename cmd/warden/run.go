@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -24,6 +25,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		// arguments or flags.
 		err = &exitError{code: exitUsage, err: err}
 	}
+	err = a.perm.explain(err)
 	code := exitCode(err)
 	a.report(err, code)
 	return code
@@ -37,11 +39,16 @@ func (a *app) report(err error, code int) {
 		return
 	}
 	if a.json {
+		c := ops.CodeOf(err)
+		if errors.Is(err, errUsage) {
+			c = ops.CodeInvalid
+		}
 		_ = writeJSON(a.stderr, struct {
-			Error    string `json:"error"`
-			Reason   string `json:"reason,omitempty"`
-			ExitCode int    `json:"exit_code"`
-		}{err.Error(), spec.ReasonOf(err), code})
+			Error    string   `json:"error"`
+			Code     ops.Code `json:"code,omitempty"`
+			Reason   string   `json:"reason,omitempty"`
+			ExitCode int      `json:"exit_code"`
+		}{err.Error(), c, spec.ReasonOf(err), code})
 		return
 	}
 	fmt.Fprintf(a.stderr, "warden: %v\n", err)

@@ -10,8 +10,8 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -58,7 +58,9 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 	}
 	defer c.Close()
 
-	rctx, cancel := context.WithTimeout(ctx, a.timeout+5*time.Second)
+	pctx, stop := a.perm.bind(ctx)
+	defer stop()
+	rctx, cancel := context.WithTimeout(pctx, a.timeout+5*time.Second)
 	defer cancel()
 	receipt, err := c.Submit(rctx, body, client.SubmitOptions{})
 	if err != nil {

@@ -15,8 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/wardenhq/warden/pkg/actions"
-	"github.com/wardenhq/warden/pkg/logging"
+	"github.com/wardenhq/warden/internal/actions"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/agent/internal/testhook"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -41,6 +42,7 @@ type Agent struct {
 	allowedNames []string
 	js           jetstream.JetStream
 	cons         jetstream.Consumer
+	ghosts       ghostCheck // only dispatch touches it
 	shard        int
 	host         string
 	startedAt    time.Time
@@ -55,6 +57,12 @@ type Agent struct {
 	// the supervisor reduces the load of an unhealthy agent.
 	limit   atomic.Int32
 	running sync.Map // "<job>.<step>.<epoch>" -> context.CancelCauseFunc
+	// pullCancel ends the pull request in progress (dispatch.go).
+	pullCancel atomic.Pointer[context.CancelFunc]
+	// hooks are test-only behaviours (pkg/agent/agenttest); nil otherwise.
+	hooks *testhook.Hooks
+	// clu is the agent's cluster membership (cluster.go), when configured.
+	clu atomic.Pointer[clusterMember]
 }
 
 // Option configures an Agent.

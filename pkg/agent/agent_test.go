@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
-	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 func TestEchoRoundTrip(t *testing.T) {
@@ -25,7 +26,7 @@ func TestEchoRoundTrip(t *testing.T) {
 	}
 	h := msg.Headers()
 	if h.Get(protocol.HeaderJob) != "j1" || h.Get(protocol.HeaderStep) != "s1" || h.Get(protocol.HeaderEpoch) != "7" ||
-		h.Get(protocol.HeaderAgent) != "a1" || h.Get(protocol.HeaderMsgID) != protocol.ResultMsgID("j1", "s1", 7) {
+		h.Get(protocol.HeaderAgent) != "a1" || h.Get(protocol.HeaderMsgID) != protocol.ResultMsgID("j1", "s1", 7, "") {
 		t.Fatalf("result headers: %v", h)
 	}
 	if r.StartedAt.IsZero() || r.FinishedAt.Before(r.StartedAt) {
@@ -196,6 +197,25 @@ func TestStreamsMissing(t *testing.T) {
 	err = a.Run(t.Context())
 	if !errors.Is(err, agent.ErrStreamsMissing) || !strings.Contains(err.Error(), "warden dev") {
 		t.Fatalf("want ErrStreamsMissing naming `warden dev`, got %v", err)
+	}
+}
+
+// An agent configured with other task_shards than the deployment's is
+// refused at start with both values named: it would wait on a shard no
+// scheduler publishes its tasks to.
+func TestTaskShardsMismatchRefused(t *testing.T) {
+	t.Parallel()
+	_, nc, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
+	cfg := testConfig("a1")
+	cfg.TaskShards = testShards + 1
+	a, err := agent.New(cfg, agent.WithConn(nc), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.Run(t.Context())
+	var mm *streams.MismatchError
+	if !errors.As(err, &mm) || mm.Setting != "task_shards" || mm.Configured != testShards+1 || mm.Recorded != testShards {
+		t.Fatalf("want a task_shards mismatch %d vs %d, got %v", testShards+1, testShards, err)
 	}
 }
 

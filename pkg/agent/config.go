@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wardenhq/warden/pkg/actions"
-	"github.com/wardenhq/warden/pkg/natsconn"
+	"github.com/wardenhq/warden/internal/actions"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -52,16 +51,24 @@ type Config struct {
 	// When listed, exactly these run: shell and http run only when listed.
 	Actions []string `yaml:"actions"`
 	// Shell configures the shell built-in.
-	Shell actions.ShellConfig `yaml:"shell"`
+	Shell ShellConfig `yaml:"shell"`
 	// HTTP configures the http built-in.
-	HTTP actions.HTTPConfig `yaml:"http"`
+	HTTP HTTPConfig `yaml:"http"`
 	// MetricsAddr serves Prometheus /metrics, e.g. ":9102". Defaults to "" (off).
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `yaml:"log_level"`
+	// MaxResultBytes bounds a result message: an output (and error) that
+	// would make it larger is truncated, and the result says so
+	// (truncated: true). It must stay below the server's max_payload
+	// (1 MiB by default) with room for headers. Defaults to 262144.
+	MaxResultBytes int `yaml:"max_result_bytes"`
+	// Cluster names the agent cluster this agent is a member of
+	// (docs/clusters.md). Defaults to "" (none).
+	Cluster string `yaml:"cluster"`
 	// NATS says where to connect. Defaults to NATS_URL / NATS_CREDS, then
 	// nats://127.0.0.1:4222.
-	NATS natsconn.Options `yaml:"nats"`
+	NATS NATSOptions `yaml:"nats"`
 }
 
 // Defaults.
@@ -74,6 +81,8 @@ const (
 	DefaultDrainTimeout      = 30 * time.Second
 	DefaultFetchWait         = 30 * time.Second
 	DefaultLogLevel          = "info"
+	DefaultMaxResultBytes    = 256 << 10
+	maxResultBytesLimit      = 900 << 10
 
 	// maxConcurrentLimit is the task consumer's max_waiting bound.
 	maxConcurrentLimit = 512
@@ -121,6 +130,9 @@ func (c Config) WithDefaults() Config {
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel
 	}
+	if c.MaxResultBytes == 0 {
+		c.MaxResultBytes = DefaultMaxResultBytes
+	}
 	return c
 }
 
@@ -128,8 +140,14 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.MaxResultBytes < 1024 || c.MaxResultBytes > maxResultBytesLimit {
+		bad("max_result_bytes must be between 1024 and %d (below the server's max_payload), got %d", maxResultBytesLimit, c.MaxResultBytes)
+	}
 	if !protocol.ValidToken(c.ID) {
 		bad("id %q must be 1-128 characters of letters, digits, '-' or '_'", c.ID)
+	}
+	if c.Cluster != "" && !protocol.ValidToken(c.Cluster) {
+		bad("cluster %q must be 1-128 characters of letters, digits, '-' or '_'", c.Cluster)
 	}
 	if !protocol.ValidToken(c.Pool) {
 		bad("pool %q must be 1-128 characters of letters, digits, '-' or '_'", c.Pool)

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/pkg/agent"
-	"github.com/wardenhq/warden/pkg/config"
 )
 
 func TestConfigDefaults(t *testing.T) {

@@ -19,11 +19,11 @@ var ErrCancelled = errors.New("step cancelled by an operator")
 func (a *Agent) serveControl() (*nats.Subscription, error) {
 	subject := protocol.AgentControlSubject(a.cfg.Pool, a.cfg.ID)
 	sub, err := a.nc.Subscribe(subject, func(m *nats.Msg) {
-		reply := "ok"
+		reply := protocol.OKReply("")
 		if err := a.control(m.Data); err != nil {
-			reply = "error: " + err.Error()
+			reply = protocol.ErrorReply(protocol.CodeFailed, err)
 		}
-		_ = m.Respond([]byte(reply))
+		_ = m.Respond(reply)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
@@ -34,18 +34,19 @@ func (a *Agent) serveControl() (*nats.Subscription, error) {
 func (a *Agent) control(body []byte) error {
 	var c protocol.Control
 	if err := json.Unmarshal(body, &c); err != nil {
-		return fmt.Errorf("undecodable control message: %w", err)
+		return protocol.NewReplyError(protocol.CodeInvalidRequest, "undecodable control message: %v", err)
 	}
 	switch c.Op {
 	case protocol.ControlCancel:
 		v, ok := a.running.Load(protocol.TaskMsgID(c.JobID, c.StepID, c.Epoch))
 		if !ok {
-			return fmt.Errorf("step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
+			return protocol.NewReplyError(protocol.CodeNotFound, "step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
 		}
 		a.log.Warn().Str("job_id", c.JobID).Str("step_id", c.StepID).Msg("cancelling a running step on request")
 		v.(context.CancelCauseFunc)(ErrCancelled)
 	case protocol.ControlDrain:
 		a.held.Store(true)
+		a.stopPull()
 		a.log.Warn().Msg("drained by an operator: taking no new tasks")
 	case protocol.ControlLimit:
 		n := c.Value
@@ -53,12 +54,13 @@ func (a *Agent) control(body []byte) error {
 			n = a.cfg.MaxConcurrent
 		}
 		a.limit.Store(int32(n))
+		a.stopPull()
 		a.log.Warn().Int("limit", n).Int("max_concurrent", a.cfg.MaxConcurrent).Msg("concurrency limit set on request")
 	case protocol.ControlUndrain:
 		a.held.Store(false)
 		a.log.Info().Msg("undrained by an operator: taking tasks again")
 	default:
-		return fmt.Errorf("unknown control op %q", c.Op)
+		return protocol.NewReplyError(protocol.CodeInvalidRequest, "unknown control op %q", c.Op)
 	}
 	return nil
 }

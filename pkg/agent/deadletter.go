@@ -11,18 +11,12 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-// Dead-letter reasons an agent gives (protocol.HeaderDLQReason).
-const (
-	dlqUndecodable = "undecodable"
-	dlqExpired     = "expired"
-)
-
 // deadLetter copies a task message to warden.dlq.<pool>.<agent> with the
 // Warden-DLQ-* headers, then terminates it. The copy comes first because a
 // terminated work-queue message is gone and the supervisor, which sees the
 // termination advisory, relies on the copy. If the copy is not stored the
 // message is left alone: it comes back after the lease and we try again.
-func (a *Agent) deadLetter(msg jetstream.Msg, reason, detail string) {
+func (a *Agent) deadLetter(msg jetstream.Msg, reason protocol.DLQReason, detail string) {
 	m := nats.NewMsg(protocol.DLQSubject(a.cfg.Pool, a.cfg.ID))
 	for k, v := range msg.Headers() {
 		if k != protocol.HeaderMsgID {
@@ -36,12 +30,12 @@ func (a *Agent) deadLetter(msg jetstream.Msg, reason, detail string) {
 		stream, seq, deliveries = md.Stream, md.Sequence.Stream, md.NumDelivered
 	}
 	h := msg.Headers()
-	id := "dlq." + stream + "." + strconv.FormatUint(seq, 10) + "." + reason
+	id := "dlq." + stream + "." + strconv.FormatUint(seq, 10) + "." + string(reason)
 	if job, step, epoch := h.Get(protocol.HeaderJob), h.Get(protocol.HeaderStep), h.Get(protocol.HeaderEpoch); job != "" && step != "" && epoch != "" {
-		id = "dlq." + job + "." + step + "." + epoch + "." + reason // the supervisor's form
+		id = "dlq." + job + "." + step + "." + epoch + "." + string(reason) // the supervisor's form
 	}
 	m.Header.Set(protocol.HeaderMsgID, id)
-	m.Header.Set(protocol.HeaderDLQReason, reason)
+	m.Header.Set(protocol.HeaderDLQReason, string(reason))
 	m.Header.Set(protocol.HeaderDLQDetail, detail)
 	m.Header.Set(protocol.HeaderDLQDeliveries, strconv.FormatUint(deliveries, 10))
 	m.Header.Set(protocol.HeaderDLQStream, stream)
@@ -51,8 +45,8 @@ func (a *Agent) deadLetter(msg jetstream.Msg, reason, detail string) {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	if _, err := a.js.PublishMsg(ctx, m); err != nil {
-		a.log.Warn().Err(err).Str("reason", reason).Msg("dead-letter copy failed; the task comes back after the lease")
+		a.log.Warn().Err(err).Str("reason", string(reason)).Msg("dead-letter copy failed; the task comes back after the lease")
 		return
 	}
-	a.term(msg, "warden: "+reason+": "+detail)
+	a.term(msg, "warden: "+string(reason)+": "+detail)
 }

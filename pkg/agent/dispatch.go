@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -18,10 +19,12 @@ const (
 	maxFetchBackoff = 5 * time.Second
 )
 
-// dispatch pulls one task at a time, and only when a slot is free, so the
-// agent never holds a task it cannot start (the consumer's max_ack_pending
-// is max_concurrent too). It returns when fetchCtx ends; the tasks it
-// started run on under workCtx and are tracked by tasks.
+// dispatch pulls tasks only for free slots, so the agent never holds a
+// task it cannot start (the consumer's max_ack_pending is max_concurrent
+// too): one pull request asks for as many tasks as there are free slots
+// within the limit, and each task starts as it arrives. The next pull is
+// made when that request is fulfilled or expires. It returns when fetchCtx
+// ends; the tasks it started run on under workCtx and are tracked by tasks.
 func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGroup) {
 	slots := make(chan struct{}, a.cfg.MaxConcurrent)
 	backoff := minFetchBackoff
@@ -37,13 +40,28 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 		case <-fetchCtx.Done():
 			return
 		}
-		msg, err := a.next(fetchCtx)
-		if err != nil {
+		n := 1
+	more:
+		for len(slots) < int(a.limit.Load()) {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		got, suspects, err := a.pull(fetchCtx, workCtx, n, slots, tasks)
+		for range n - got {
 			<-slots
+		}
+		if got == 0 {
+			a.checkGhosts(fetchCtx) // an idle moment: see ghosts.go
+		}
+		if err != nil && got == 0 {
 			if fetchCtx.Err() != nil {
 				return
 			}
-			if isIdle(err) {
+			if isIdle(err) || errors.Is(err, context.Canceled) { // nothing came, or stopPull
 				backoff = minFetchBackoff
 				continue
 			}
@@ -58,25 +76,10 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 			continue
 		}
 		backoff = minFetchBackoff
-		if fetchCtx.Err() != nil {
-			// Arrived as we stopped: hand it back rather than start work.
-			a.handBack(msg)
-			<-slots
-			return
-		}
-		suspect := isSuspect(deliveryOf(msg), msg.Headers().Get(protocol.HeaderRecoveries))
-		done := make(chan struct{})
-		tasks.Add(1)
-		go func() {
-			defer tasks.Done()
-			defer func() { <-slots }()
-			defer close(done)
-			a.process(workCtx, msg)
-		}()
-		if suspect {
-			// Fetch nothing more until the suspect has run: a task fetched
-			// now would wait behind it and, if it is poison, share its fate
-			// (each crash counts a delivery of every task we hold).
+		// Fetch nothing more until the suspects have run: a task fetched
+		// now would wait behind them and, if one is poison, share its fate
+		// (each crash counts a delivery of every task we hold).
+		for _, done := range suspects {
 			select {
 			case <-done:
 			case <-fetchCtx.Done():
@@ -86,19 +89,65 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	}
 }
 
+// pull asks for n tasks in one pull request (waiting at most FetchWait) and
+// starts each as it arrives, each on one of the n slots taken for it. It
+// returns how many arrived, a channel per suspect (closed when it has run)
+// and the request's error.
+func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct{}, tasks *sync.WaitGroup) (int, []chan struct{}, error) {
+	fctx, cancel := context.WithTimeout(fetchCtx, a.cfg.FetchWait.Std())
+	defer cancel()
+	// A drain or a lower limit ends the request early (stopPull), so no
+	// more tasks arrive for slots that are no longer free.
+	a.pullCancel.Store(&cancel)
+	defer a.pullCancel.Store(nil)
+	batch, err := a.cons.Fetch(n, jetstream.FetchContext(fctx))
+	if err != nil {
+		return 0, nil, err
+	}
+	got := 0
+	var suspects []chan struct{}
+	for msg := range batch.Messages() {
+		got++
+		if md, err := msg.Metadata(); err == nil {
+			a.stats.queueDepth.Store(int64(md.NumPending)) // still waiting on the consumer
+		}
+		if fetchCtx.Err() != nil {
+			// Arrived as we stopped: hand it back rather than start work.
+			a.handBack(msg)
+			<-slots
+			continue
+		}
+		done := make(chan struct{})
+		if isSuspect(deliveryOf(msg), msg.Headers().Get(protocol.HeaderRecoveries)) {
+			suspects = append(suspects, done)
+		}
+		tasks.Add(1)
+		go func() {
+			defer tasks.Done()
+			defer func() { <-slots }()
+			defer close(done)
+			a.process(workCtx, msg)
+		}()
+	}
+	if got < n && !errors.Is(fctx.Err(), context.Canceled) {
+		a.stats.queueDepth.Store(0) // the request ended short: nothing was waiting
+	}
+	return got, suspects, batch.Error()
+}
+
+// stopPull ends the pull request in progress, if any.
+func (a *Agent) stopPull() {
+	if c := a.pullCancel.Load(); c != nil {
+		(*c)()
+	}
+}
+
 // deliveryOf is the message's delivery count, 1 if unknown.
 func deliveryOf(msg jetstream.Msg) uint64 {
 	if md, err := msg.Metadata(); err == nil {
 		return md.NumDelivered
 	}
 	return 1
-}
-
-// next long-polls for one task for at most FetchWait.
-func (a *Agent) next(ctx context.Context) (jetstream.Msg, error) {
-	fctx, cancel := context.WithTimeout(ctx, a.cfg.FetchWait.Std())
-	defer cancel()
-	return a.cons.Next(jetstream.FetchContext(fctx))
 }
 
 // isIdle reports a pull that simply found nothing.
@@ -115,7 +164,7 @@ func (a *Agent) recreateConsumer(ctx context.Context) {
 		return
 	}
 	a.cons = cons // only dispatch reads a.cons
-	a.log.Warn().Msg("task consumer was missing: re-created")
+	a.log.Warn().Msg("task consumer re-created")
 }
 
 // sleepCtx waits d or until ctx ends; it reports whether d passed.

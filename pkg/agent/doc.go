@@ -30,7 +30,7 @@
 //     copied to warden.dlq.<pool>.<agent> (Warden-DLQ-Reason undecodable or
 //     expired) and only then terminated, so nothing vanishes unrecorded.
 //   - The result is published (deduplicated by Nats-Msg-Id
-//     <job>.<step>.<epoch>.result) before the task is acked, and the ack
+//     <job>.<step>.<epoch>.<token>) before the task is acked, and the ack
 //     waits for the server's confirmation: a task is never lost in between.
 //   - A handler's error decides the result: Permanent, Retriable and
 //     RetryAfter set error_class and retry_after; any error with an

@@ -18,7 +18,7 @@ import (
 func Execute(ctx context.Context, h HandlerFunc, t *Task) protocol.Result {
 	started := time.Now()
 	out, err := call(ctx, h, t)
-	return buildResult(t, "", started, time.Now(), out, err)
+	return buildResult(t, "", "", started, time.Now(), out, err)
 }
 
 // call runs h, turning a panic into a *panicError.
@@ -33,12 +33,14 @@ func call(ctx context.Context, h HandlerFunc, t *Task) (out any, err error) {
 
 // buildResult turns a handler's return values into a protocol.Result.
 // Output is kept on failure too: a failed command's stderr is worth seeing.
-func buildResult(t *Task, agentID string, started, finished time.Time, out any, err error) protocol.Result {
+func buildResult(t *Task, pool, agentID string, started, finished time.Time, out any, err error) protocol.Result {
 	r := protocol.Result{
 		JobID:      t.JobID,
 		StepID:     t.StepID,
 		Epoch:      t.Epoch,
+		Token:      t.Token,
 		Agent:      agentID,
+		Pool:       pool,
 		Status:     protocol.ResultSucceeded,
 		StartedAt:  started.UTC(),
 		FinishedAt: finished.UTC(),

@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
-	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -45,9 +45,7 @@ func testConfig(id string) agent.Config {
 // adds handlers before Run. The agent is stopped when the test ends.
 func setup(t *testing.T, cfg agent.Config, register func(*agent.Agent)) *bundle {
 	t.Helper()
-	s := natstest.New(t)
-	nc, js := s.Connect(t)
-	s.Ensure(t, js, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
 	b := &bundle{srv: s, nc: nc, js: js}
 	b.start(t, cfg, register)
 	return b
@@ -133,7 +131,7 @@ func (b *bundle) result(t *testing.T, job, step string) (protocol.Result, jetstr
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cons, err := b.js.CreateConsumer(ctx, protocol.StreamResults, jetstream.ConsumerConfig{
-		FilterSubject: protocol.ResultSubject(job, step),
+		FilterSubject: "warden.result.*.*.*." + job + "." + step,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 	})
 	if err != nil {
@@ -157,7 +155,7 @@ func (b *bundle) noResult(t *testing.T, job, step string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.GetLastMsgForSubject(context.Background(), protocol.ResultSubject(job, step))
+	_, err = s.GetLastMsgForSubject(context.Background(), "warden.result.*.*.*."+job+"."+step)
 	if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("want no result for %s/%s, got err=%v", job, step, err)
 	}

@@ -11,9 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/pkg/agent"
-	"github.com/wardenhq/warden/pkg/natstest"
-	"github.com/wardenhq/warden/pkg/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 

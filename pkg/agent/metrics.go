@@ -56,6 +56,15 @@ func (a *Agent) serveMetrics(ctx context.Context) (stop func()) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", a.MetricsHandler())
+	// /healthz: the process serves; /readyz: it is connected to NATS (operator's edit).
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if nc := a.nc; nc == nil || !nc.IsConnected() {
+			http.Error(w, "not ready: nats not connected", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {

@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/wardenhq/warden/pkg/logging"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/agent/internal/testhook"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -34,7 +35,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		a.stats.rejected.Add(1)
 		a.log.Error().Err(err).Str("subject", msg.Subject()).Uint64("delivery", delivery).
 			Msg("terminating a task message that cannot be decoded")
-		a.deadLetter(msg, dlqUndecodable, err.Error())
+		a.deadLetter(msg, protocol.DLQUndecodable, err.Error())
 		return
 	}
 	log := a.log.With().Str(logging.FieldJob, pt.JobID).Str(logging.FieldStep, pt.StepID).
@@ -47,7 +48,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		// supervisor re-dispatches it with a new epoch.
 		a.stats.expired.Add(1)
 		log.Warn().Time("deadline", pt.Deadline).Msg("task arrived after its deadline; dead-lettering it unrun")
-		a.deadLetter(msg, dlqExpired, "deadline "+pt.Deadline.UTC().Format(time.RFC3339Nano)+" passed before the task started")
+		a.deadLetter(msg, protocol.DLQExpired, "deadline "+pt.Deadline.UTC().Format(time.RFC3339Nano)+" passed before the task started")
 		return
 	}
 
@@ -56,7 +57,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		// instead of running late.
 		log.Warn().Time("expires_at", pt.ExpiresAt).Msg("task expired before it started")
 		err := Permanent(fmt.Errorf("expired: not started by %s", pt.ExpiresAt.UTC().Format(time.RFC3339)))
-		a.report(workCtx, msg, p, buildResult(task, a.cfg.ID, received, received, nil, err), log)
+		a.report(workCtx, msg, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
 		return
 	}
 	a.stats.inFlight.Add(1)
@@ -93,7 +94,10 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 
 	h, allowed := a.allowed[pt.Action]
 	var o outcome
-	if allowed {
+	admitErr := a.clusterAdmit(msg)
+	if admitErr != nil {
+		o.err = admitErr
+	} else if allowed {
 		o = a.runHandler(hctx, p, h, task)
 	} else {
 		o.err = Permanent(fmt.Errorf("unknown action %q (this agent allows: %s)", pt.Action, strings.Join(a.allowedNames, ", ")))
@@ -104,6 +108,11 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 		// The task may already run elsewhere: a report could only confuse.
 		a.stats.leaseLost.Add(1)
 		log.Warn().Time("lease_until", keeper.Believed()).Msg("lease lost: abandoning the task without a report")
+		return
+	case errors.Is(o.err, testhook.ErrDrop):
+		// A test kit's agent "crashing" with the task: hand it back, say nothing.
+		log.Info().Msg("handler dropped the task: handing it back unreported")
+		a.handBack(msg)
 		return
 	case errors.Is(cause, ErrCancelled):
 		// An operator cancelled the step: report it, so it ends cancelled.
@@ -119,7 +128,11 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
 	if stack, ok := isPanic(o.err); ok {
 		log.Error().Err(o.err).Bytes("stack", stack).Msg("handler panicked")
 	}
-	res := buildResult(task, a.cfg.ID, started, a.now(), o.out, o.err)
+	if admitErr == nil && a.clusterFenced(msg, log) {
+		a.term(msg, "cluster epoch lost")
+		return
+	}
+	res := buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), o.out, o.err)
 	a.report(workCtx, msg, p, res, log)
 }
 

@@ -21,6 +21,9 @@ const maxPublishWait = 30 * time.Second
 // acks the task: a task is never lost between the two. Nothing is published
 // at or after the step's deadline.
 func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res protocol.Result, log zerolog.Logger) {
+	if boundResult(&res, a.cfg.MaxResultBytes) {
+		log.Warn().Int("max_result_bytes", a.cfg.MaxResultBytes).Msg("result too large: output truncated")
+	}
 	// A finished result is worth reporting even while shutting down.
 	ctx := context.WithoutCancel(workCtx)
 	var cancel context.CancelFunc
@@ -31,7 +34,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 	}
 	defer cancel()
 
-	m, err := resultMsg(res)
+	m, err := ResultMsg(res)
 	if err != nil {
 		log.Error().Err(err).Msg("encode result")
 		return
@@ -42,7 +45,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 			a.stats.expired.Add(1)
 			log.Warn().Time("deadline", p.reportBy).Str("status", res.Status).
 				Msg("deadline passed before the result was stored: not reporting; the supervisor re-dispatches")
-			a.deadLetter(msg, dlqExpired, "deadline passed before the "+res.Status+" result was stored")
+			a.deadLetter(msg, protocol.DLQExpired, "deadline passed before the "+res.Status+" result was stored")
 			return
 		}
 		if ctx.Err() != nil {
@@ -73,18 +76,47 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 	}
 }
 
-// resultMsg builds the result message with its headers and dedup id.
-func resultMsg(r protocol.Result) (*nats.Msg, error) {
+// ResultMsg is the message an agent publishes to report r: subject
+// protocol.ResultSubject(r.Pool, r.Agent, r.JobID, r.StepID), the job, step,
+// epoch and agent headers, and the Nats-Msg-Id that deduplicates it
+// (protocol.ResultMsgID). Tests use it to publish a result by hand.
+func ResultMsg(r protocol.Result) (*nats.Msg, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
-	m := nats.NewMsg(protocol.ResultSubject(r.JobID, r.StepID))
+	m := nats.NewMsg(protocol.ResultSubject(r.Pool, r.Agent, r.JobID, r.StepID))
 	m.Data = b
 	m.Header.Set(protocol.HeaderJob, r.JobID)
 	m.Header.Set(protocol.HeaderStep, r.StepID)
 	m.Header.Set(protocol.HeaderEpoch, strconv.FormatUint(r.Epoch, 10))
 	m.Header.Set(protocol.HeaderAgent, r.Agent)
-	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(r.JobID, r.StepID, r.Epoch))
+	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(r.JobID, r.StepID, r.Epoch, r.Token))
 	return m, nil
+}
+
+// maxErrorBytes bounds a result's error message.
+const maxErrorBytes = 8 << 10
+
+// boundResult cuts a result whose encoding would exceed max bytes: the
+// error to maxErrorBytes, the output to a JSON object holding its start.
+// It reports whether anything was cut.
+func boundResult(r *protocol.Result, limit int) bool {
+	cut := false
+	if len(r.Error) > maxErrorBytes {
+		r.Error = r.Error[:maxErrorBytes] + "… (truncated)"
+		cut = true
+	}
+	// Room for everything but the output, with a margin for escaping.
+	room := max(limit-2048-2*len(r.Error), 0)
+	if len(r.Output) > room {
+		head := string(r.Output[:room/2])
+		b, _ := json.Marshal(map[string]any{"truncated": true, "original_bytes": len(r.Output), "head": head})
+		r.Output = b
+		cut = true
+	}
+	if cut {
+		r.Truncated = true
+	}
+	return cut
 }

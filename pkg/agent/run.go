@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/natsconn"
-	"github.com/wardenhq/warden/pkg/presence"
+	"github.com/wardenhq/warden/internal/natsconn"
+	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -56,6 +56,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopAnnouncer()
+	if err := a.startCluster(ctx); err != nil {
+		return err
+	}
 	stopMetrics := a.serveMetrics(ctx)
 	defer stopMetrics()
 	ctrl, err := a.serveControl()
@@ -90,6 +93,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	stopFetch()
 	<-dispatched
 	a.drain(ann, &tasks, stopWork)
+	a.stopCluster()
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
 	defer cancel()
@@ -109,6 +113,9 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) start(ctx context.Context) (*presence.Announcer, context.CancelFunc, error) {
 	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
+	if err := a.checkDeployment(sctx); err != nil {
+		return nil, nil, err
+	}
 	cons, err := a.ensureConsumer(sctx)
 	if err != nil {
 		return nil, nil, err
@@ -139,6 +146,23 @@ func (a *Agent) start(ctx context.Context) (*presence.Announcer, context.CancelF
 		return nil, nil, fmt.Errorf("announce presence: %w", err)
 	}
 	return ann, annCancel, nil
+}
+
+// checkDeployment refuses to start when the deployment record says another
+// task_shards: this agent would consume a shard no scheduler publishes to.
+// A record it cannot read (none yet, or no permission) is logged, not fatal.
+func (a *Agent) checkDeployment(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := streams.VerifyDeployment(ctx, a.js, protocol.Deployment{TaskShards: a.cfg.TaskShards})
+	var mm *streams.MismatchError
+	if errors.As(err, &mm) {
+		return err
+	}
+	if err != nil {
+		a.log.Warn().Err(err).Int("task_shards", a.cfg.TaskShards).Msg("deployment record not readable: task_shards not checked")
+	}
+	return nil
 }
 
 // ensureConsumer creates or updates the agent's durable task consumer.

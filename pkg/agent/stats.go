@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"math"
 	"sync/atomic"
 
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -25,6 +26,31 @@ type counters struct {
 	rejected   atomic.Uint64
 	expired    atomic.Uint64
 	handedBack atomic.Uint64
+	// queueDepth is the pending count of the last task fetched (0 after a
+	// pull that found nothing): the tasks still waiting on the consumer.
+	queueDepth atomic.Int64
+	// health is the self-reported health's float64 bits plus one, so that
+	// the zero value means "not set" (reported as 1).
+	health atomic.Uint64
+}
+
+// ReportHealth sets the health this agent reports of itself in its
+// heartbeats, 0..1 (1: well, the default). A handler or a check of the
+// agent's own dependencies lowers it; the supervisor's assessment weighs it
+// with what it observes (internal/health, self_reported).
+func (a *Agent) ReportHealth(v float64) {
+	if v != v { // NaN
+		v = 0
+	}
+	a.stats.health.Store(math.Float64bits(min(max(v, 0), 1)) + 1)
+}
+
+func (a *Agent) selfHealth() *float64 {
+	v := 1.0
+	if b := a.stats.health.Load(); b != 0 {
+		v = math.Float64frombits(b - 1)
+	}
+	return &v
 }
 
 // Stats returns a snapshot of the counters.
@@ -44,7 +70,7 @@ func (a *Agent) Stats() Stats {
 // presence is the value of the next heartbeat.
 func (a *Agent) presence() protocol.Presence {
 	s := a.Stats()
-	return protocol.Presence{
+	p := protocol.Presence{
 		ID:            a.cfg.ID,
 		Pool:          a.cfg.Pool,
 		Capabilities:  a.cfg.Capabilities,
@@ -61,5 +87,14 @@ func (a *Agent) presence() protocol.Presence {
 		TaskStream:    protocol.TaskStream(a.shard),
 		TaskSubject:   protocol.TaskSubject(a.shard, a.cfg.Pool, a.cfg.ID),
 		StartedAt:     a.startedAt,
+		Cluster:       a.cfg.Cluster,
+		Consumer:      a.cfg.ID,
+		QueueDepth:    int(a.stats.queueDepth.Load()),
+		Health:        a.selfHealth(),
+		// HeartbeatInterval and Utilisation are filled by the Announcer.
 	}
+	if a.hooks != nil && a.hooks.Presence != nil {
+		a.hooks.Presence(&p)
+	}
+	return p
 }

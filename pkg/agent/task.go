@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/wardenhq/warden/pkg/actions"
+	"github.com/wardenhq/warden/internal/actions"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -69,6 +69,9 @@ func decodeTask(msg jetstream.Msg) (protocol.Task, error) {
 			}
 			t.Epoch = e
 		}
+	}
+	if t.Token == "" {
+		t.Token = h.Get(protocol.HeaderToken)
 	}
 	if v := h.Get(protocol.HeaderDeadline); v != "" {
 		d, err := time.Parse(time.RFC3339Nano, v)

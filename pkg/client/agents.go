@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/presence"
+	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 

@@ -17,7 +17,7 @@ func TestAgentsAndWaitForAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	put := func(pool, id string) {
-		p := protocol.Presence{ID: id, Pool: pool, MaxConcurrent: 4, HeartbeatAt: time.Now()}
+		p := protocol.Presence{ID: id, Pool: pool, MaxConcurrent: 4, HeartbeatAt: time.Now()}.Routed(4)
 		v, _ := json.Marshal(p)
 		if _, err := kv.Create(ctx(t), protocol.PresenceKey(pool, id), v); err != nil {
 			t.Fatal(err)

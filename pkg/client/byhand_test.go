@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/scheduler"
 )
 
 // TestDriveAStepByHand performs, with raw NATS operations, exactly what the
@@ -141,15 +141,15 @@ func TestDriveAStepByHand(t *testing.T) {
 		t.Fatalf("+WPI not confirmed: %v", err)
 	}
 
-	// Step 7: nats pub --jetstream warden.result.<job>.hello '<result>' -H ... : the PubAck says it is stored.
-	res := nats.NewMsg("warden.result." + r.JobID + ".hello")
+	// Step 7: nats pub --jetstream warden.result.manual.hand-2.<job>.hello '<result>' -H ... : the PubAck says it is stored.
+	res := nats.NewMsg("warden.result.manual.hand-2." + r.JobID + ".hello")
 	res.Header.Set("Warden-Job", r.JobID)
 	res.Header.Set("Warden-Step", "hello")
 	res.Header.Set("Warden-Epoch", "1")
 	res.Header.Set("Warden-Agent", "hand-2")
-	res.Header.Set("Nats-Msg-Id", r.JobID+".hello.1.result")
+	res.Header.Set("Nats-Msg-Id", r.JobID+".hello.1."+h.Get("Warden-Token"))
 	now := time.Now().UTC().Format(time.RFC3339)
-	res.Data = []byte(`{"job_id":"` + r.JobID + `","step_id":"hello","epoch":1,"agent":"hand-2","status":"succeeded",` +
+	res.Data = []byte(`{"job_id":"` + r.JobID + `","step_id":"hello","epoch":1,"token":"` + h.Get("Warden-Token") + `","agent":"hand-2","pool":"manual","status":"succeeded",` +
 		`"output":{"message":"hi"},"started_at":"` + now + `","finished_at":"` + now + `"}`)
 	ack, err := js.PublishMsg(ctx, res)
 	if err != nil || ack.Stream != protocol.StreamResults {
@@ -161,7 +161,7 @@ func TestDriveAStepByHand(t *testing.T) {
 		t.Fatalf("+ACK not confirmed: %v", err)
 	}
 
-	// Step 9: nats kv get warden_jobs step.<job>.hello
+	// Step 9: nats kv get --raw warden_jobs job.<job> (a one-step job: its step is inline)
 	job, err := c.Follow(ctx, r.JobID, nil)
 	if err != nil || job.State != jobstore.JobSucceeded {
 		t.Fatalf("job %+v %v", job, err)

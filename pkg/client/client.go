@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natsconn"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natsconn"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -26,6 +26,12 @@ type Options struct {
 	// Limits are applied by the local validation. Defaults to
 	// spec.DefaultLimits, the scheduler's defaults.
 	Limits spec.Limits
+	// Creds is a NATS credentials file, for Connect. Defaults to
+	// $NATS_CREDS, then none.
+	Creds string
+	// Name is the connection's name in the server, for Connect. Defaults
+	// to "warden-client".
+	Name string
 }
 
 func (o Options) withDefaults() Options {
@@ -50,9 +56,11 @@ func New(js jetstream.JetStream, opts Options) *Client {
 	return &Client{nc: js.Conn(), js: js, opts: opts.withDefaults()}
 }
 
-// Connect opens a connection as the warden CLI does (--server / NATS_URL,
-// --creds / NATS_CREDS); Close closes it.
-func Connect(conn natsconn.Options, opts Options) (*Client, error) {
+// Connect opens a connection to servers (comma-separated URLs; empty means
+// $NATS_URL, then nats://127.0.0.1:4222) as the warden CLI does, with
+// opts.Creds (or $NATS_CREDS); Close closes it.
+func Connect(servers string, opts Options) (*Client, error) {
+	conn := natsconn.Options{URL: servers, Creds: opts.Creds, Name: opts.Name}
 	if conn.Name == "" {
 		conn.Name = "warden-client"
 	}
@@ -84,10 +92,3 @@ func (c *Client) store(ctx context.Context) (*jobstore.Store, error) {
 	}
 	return st, nil
 }
-
-// Conn exposes the NATS connection, for control requests.
-func (c *Client) Conn() *nats.Conn { return c.nc }
-
-// Store opens the job store, for callers that change records (operators'
-// commands such as a dead-letter retry).
-func (c *Client) Store(ctx context.Context) (*jobstore.Store, error) { return c.store(ctx) }

@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
@@ -36,9 +36,7 @@ type bundle struct {
 
 func setup(t *testing.T) bundle {
 	t.Helper()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	_, nc, js := natstest.Start(t, streams.Options{TaskShards: 1})
 	st, err := jobstore.Open(ctx(t), js)
 	if err != nil {
 		t.Fatal(err)

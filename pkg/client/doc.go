@@ -12,4 +12,11 @@
 //   - A resubmission with the same idempotency key returns the same job id.
 //   - Follow never polls: it watches the job's keys in the job store and
 //     returns as soon as the job record is terminal.
+//   - Cancel makes cancelled the job's desired state, which wins: no step of
+//     it is dispatched after Cancel returns, and the job never ends
+//     succeeded.
+//
+// The examples show each scenario end to end on an in-process deployment:
+// submit and wait (Example), cancel (ExampleClient_Cancel), a delayed job
+// (ExampleClient_Submit_delayed); pkg/agent's show the agent side.
 package client

@@ -18,6 +18,8 @@ var (
 	// ErrWatchClosed: the job store watch ended before the job did (the
 	// connection closed).
 	ErrWatchClosed = errors.New("job store watch closed")
+	// ErrFinished: the job has already ended; there is nothing to cancel.
+	ErrFinished = errors.New("job already finished")
 )
 
 // RejectedError is the scheduler's refusal of a submission, as it replied on

@@ -9,19 +9,19 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // Update is one change Follow saw.
 type Update struct {
 	// Job is the job record, nil until the scheduler has written it.
-	Job *jobstore.Job
+	Job *Job
 	// Steps are the job's steps known so far, in spec order.
-	Steps []*jobstore.Step
+	Steps []*Step
 	// Step is the step whose record changed, nil when the job record
 	// changed or for the initial snapshot.
-	Step *jobstore.Step
+	Step *Step
 	// Initial is true for the first call, made with the state the store
 	// held when the watch started.
 	Initial bool
@@ -33,7 +33,7 @@ type Update struct {
 //
 // A job that does not exist yet is waited for: a submission is accepted
 // before the scheduler writes the record. Bound the wait with ctx.
-func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)) (*jobstore.Job, error) {
+func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)) (*Job, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, fmt.Errorf("job %q: %w", jobID, ErrNotFound)
 	}
@@ -49,7 +49,7 @@ func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)
 	}
 	defer func() { _ = w.Stop() }()
 
-	f := follower{steps: map[string]*jobstore.Step{}}
+	f := follower{steps: map[string]*Step{}}
 	initial := true
 	for {
 		select {
@@ -88,12 +88,12 @@ func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)
 
 // follower is the picture Follow builds from the watch.
 type follower struct {
-	job   *jobstore.Job
-	steps map[string]*jobstore.Step
+	job   *Job
+	steps map[string]*Step
 }
 
 // apply folds one entry in and returns the step it changed, if any.
-func (f *follower) apply(e jetstream.KeyValueEntry) (*jobstore.Step, error) {
+func (f *follower) apply(e jetstream.KeyValueEntry) (*Step, error) {
 	deleted := e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
 	if strings.HasPrefix(e.Key(), "job.") {
 		if deleted {
@@ -104,7 +104,16 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*jobstore.Step, error) {
 			return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
 		}
 		f.job = &j
-		return nil, nil
+		// A one-step job keeps its step inside the job record.
+		var changed *jobstore.Step
+		for _, st := range j.Steps {
+			old := f.steps[st.ID]
+			if old == nil || old.State != st.State || old.Epoch != st.Epoch || !old.UpdatedAt.Equal(st.UpdatedAt) {
+				changed = st
+			}
+			f.steps[st.ID] = st
+		}
+		return changed, nil
 	}
 	if deleted {
 		return nil, nil
@@ -119,8 +128,8 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*jobstore.Step, error) {
 
 // ordered returns the steps in spec order once the job is known, by id
 // before that.
-func (f *follower) ordered() []*jobstore.Step {
-	out := make([]*jobstore.Step, 0, len(f.steps))
+func (f *follower) ordered() []*Step {
+	out := make([]*Step, 0, len(f.steps))
 	if f.job != nil {
 		for _, sp := range f.job.Spec.Steps {
 			if s, ok := f.steps[sp.ID]; ok {

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
-	"github.com/wardenhq/warden/pkg/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 )
@@ -42,7 +42,7 @@ func succeed(t *testing.T, b bundle, jobID, stepID, agent string) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if err := s.Dispatch(agent, now, time.Second); err != nil {
+	if err := s.Dispatch(agent, "", now, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if rev, err = b.store.UpdateStep(ctx(t), s, rev); err != nil {

@@ -10,13 +10,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // JobSummary is a job with counts of its steps, as `warden jobs ls` shows it.
 type JobSummary struct {
-	*jobstore.Job
+	*Job
 	// StepsDone counts steps in a terminal state (succeeded, failed,
 	// skipped, cancelled, dead-lettered).
 	StepsDone int `json:"steps_done"`
@@ -27,7 +27,7 @@ type JobSummary struct {
 // JobFilter narrows Jobs.
 type JobFilter struct {
 	// State keeps only jobs in this state; empty keeps all.
-	State jobstore.JobState
+	State JobState
 }
 
 // Jobs lists jobs, newest first. It reads the store in one pass (one watch
@@ -37,7 +37,7 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 	if err != nil {
 		return nil, err
 	}
-	jobs := map[string]*jobstore.Job{}
+	jobs := map[string]*Job{}
 	done := map[string]int{}
 	err = snapshot(ctx, st.KV(), []string{"job.*", "step.*.*"}, func(e jetstream.KeyValueEntry) error {
 		if strings.HasPrefix(e.Key(), "job.") {
@@ -46,6 +46,11 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 				return fmt.Errorf("decode %s: %w", e.Key(), err)
 			}
 			jobs[j.ID] = &j
+			for _, s := range j.Steps { // a one-step job's step is inline
+				if s.State.Terminal() {
+					done[j.ID]++
+				}
+			}
 			return nil
 		}
 		var s jobstore.Step
@@ -78,8 +83,8 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 
 // JobDetail is a job with its steps in spec order.
 type JobDetail struct {
-	Job   *jobstore.Job    `json:"job"`
-	Steps []*jobstore.Step `json:"steps"`
+	Job   *Job    `json:"job"`
+	Steps []*Step `json:"steps"`
 }
 
 // Job reads one job and its steps. ErrNotFound if there is no such job.
@@ -102,7 +107,7 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	d := JobDetail{Job: j, Steps: make([]*jobstore.Step, 0, len(vs))}
+	d := JobDetail{Job: j, Steps: make([]*Step, 0, len(vs))}
 	for _, s := range vs {
 		d.Steps = append(d.Steps, s.Step)
 	}

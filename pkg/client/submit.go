@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 )
@@ -40,6 +41,9 @@ type Receipt struct {
 	// Stream and Sequence locate the submission in WARDEN_SUBMIT.
 	Stream   string `json:"stream"`
 	Sequence uint64 `json:"sequence"`
+	// StartsAt, for a job with run_at or delay, is when the server releases
+	// it to the scheduler; Confirmed stays false.
+	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
 // Submit validates a job spec (YAML or JSON), publishes it to the submit
@@ -64,10 +68,23 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 		msgID = job.IdempotencyKey
 	}
 
-	msg := nats.NewMsg(protocol.SubjectSubmit)
+	msg := nats.NewMsg(protocol.SubmitSubject(r.JobID))
 	msg.Data = specBytes
 	msg.Header.Set(protocol.HeaderJobID, r.JobID)
 	msg.Header.Set(protocol.HeaderMsgID, msgID)
+
+	// A job that starts later (run_at, delay) waits in a message schedule
+	// on the server: the PubAck is its acceptance, and the scheduler sees
+	// it only when it is due, so there is no reply to wait for.
+	if start := job.StartAt(time.Now()); start.After(time.Now()) {
+		r.StartsAt = start
+		ack, err := schedule.PublishDelayed(ctx, c.js, msg, start)
+		if err != nil {
+			return Receipt{}, fmt.Errorf("submit job %s: %w", r.JobID, err)
+		}
+		r.Stream, r.Sequence, r.Existing = ack.Stream, ack.Sequence, ack.Duplicate
+		return r, nil
+	}
 
 	// Subscribe before publishing: the scheduler may answer before
 	// PublishMsg returns, and a reply to an inbox nobody listens on is lost.

@@ -10,6 +10,9 @@ const (
 	HeaderStep = "Warden-Step"
 	// HeaderEpoch is the dispatch epoch; results must echo it.
 	HeaderEpoch = "Warden-Epoch"
+	// HeaderToken is the dispatch's lease token (also in the task body);
+	// results echo it in the body.
+	HeaderToken = "Warden-Token"
 	// HeaderAttempt counts executions of the step, starting at 1.
 	HeaderAttempt = "Warden-Attempt"
 	// HeaderDeadline is when the step's lease ends: the agent must have
@@ -39,4 +42,19 @@ const (
 	// HeaderReplyTo asks the scheduler to publish the submission's outcome
 	// (a SubmitReply) to this subject, typically an _INBOX.
 	HeaderReplyTo = "Warden-Reply-To"
+
+	// Job-store record headers. Every write to the job store carries them so
+	// that listings and the supervisor's recovery scan read headers only
+	// (a headers-only consumer) instead of decoding every record.
+	//
+	// HeaderRecordState is the record's state: the job's state on job.<id>,
+	// the step's on step.<job>.<step>.
+	HeaderRecordState = "Warden-State"
+	// HeaderRecordLockedUntil is the earliest lease end (RFC 3339 nano) of
+	// the dispatched steps the record holds; absent when none is dispatched.
+	HeaderRecordLockedUntil = "Warden-Locked-Until"
+	// HeaderRecordCreated is when the job was accepted (RFC 3339 nano).
+	HeaderRecordCreated = "Warden-Created"
+	// HeaderRecordDesired is the job's desired state on job.<id>.
+	HeaderRecordDesired = "Warden-Desired"
 )

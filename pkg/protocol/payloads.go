@@ -19,6 +19,8 @@ type Task struct {
 	// ExpiresAt, when set, is when the task stops being worth running: an
 	// agent that gets it later reports it failed with reason "expired".
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Token is this dispatch's lease token; the result must echo it.
+	Token string `json:"token"`
 }
 
 // Result statuses.
@@ -36,17 +38,24 @@ const (
 
 // Result is the body of a message on a result subject.
 type Result struct {
-	JobID      string          `json:"job_id"`
-	StepID     string          `json:"step_id"`
-	Epoch      uint64          `json:"epoch"`
-	Agent      string          `json:"agent"`
-	Status     string          `json:"status"`
-	Output     json.RawMessage `json:"output,omitempty"`
-	Error      string          `json:"error,omitempty"`
-	ErrorClass string          `json:"error_class,omitempty"`
-	RetryAfter Duration        `json:"retry_after,omitempty"`
-	StartedAt  time.Time       `json:"started_at"`
-	FinishedAt time.Time       `json:"finished_at"`
+	JobID  string `json:"job_id"`
+	StepID string `json:"step_id"`
+	Epoch  uint64 `json:"epoch"`
+	// Token echoes the task's lease token: a result without it is refused.
+	Token  string          `json:"token"`
+	Agent  string          `json:"agent"`
+	Pool   string          `json:"pool"`
+	Status string          `json:"status"`
+	Output json.RawMessage `json:"output,omitempty"`
+	// Truncated says the agent cut Output (and Error) to stay within its
+	// max_result_bytes; Output then holds {"truncated": true,
+	// "original_bytes": n, "head": "<the start of the output>"}.
+	Truncated  bool      `json:"truncated,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	ErrorClass string    `json:"error_class,omitempty"`
+	RetryAfter Duration  `json:"retry_after,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // Presence is an agent's heartbeat, stored under <pool>.<agent> in the
@@ -69,6 +78,25 @@ type Presence struct {
 	TaskSubject   string            `json:"task_subject"`
 	StartedAt     time.Time         `json:"started_at"`
 	HeartbeatAt   time.Time         `json:"heartbeat_at"`
+	// Cluster names the agent cluster the agent is a member of, if any.
+	Cluster string `json:"cluster,omitempty"`
+	// Consumer is the agent's durable task consumer on TaskStream: its id.
+	// Readers check it (protocol.ValidatePresence) and never use another.
+	Consumer string `json:"consumer,omitempty"`
+	// HeartbeatInterval is how often the agent heartbeats; health judges
+	// its regularity against it.
+	HeartbeatInterval Duration `json:"heartbeat_interval,omitempty"`
+	// QueueDepth is how many tasks wait for the agent on its consumer, as
+	// of its last fetch (the pending count of the last task delivered).
+	QueueDepth int `json:"queue_depth,omitempty"`
+	// Utilisation is the agent's resource utilisation, 0..1: the busiest of
+	// its CPU use (process and finished children, over the last heartbeat
+	// interval, of the CPUs it may use) and, under a memory limit, memory.
+	// Absent: not reported.
+	Utilisation *float64 `json:"utilisation,omitempty"`
+	// Health is the agent's own view of its health, 0..1 (1: well).
+	// Absent: not reported.
+	Health *float64 `json:"health,omitempty"`
 }
 
 // Control is an order to one agent on its AgentControlSubject.
@@ -109,7 +137,7 @@ type SubmitReply struct {
 
 // Event is the body of a message on an event subject.
 type Event struct {
-	Kind   string            `json:"kind"`
+	Kind   EventKind         `json:"kind"`
 	ID     string            `json:"id"`
 	Time   time.Time         `json:"time"`
 	JobID  string            `json:"job_id,omitempty"`
@@ -119,10 +147,4 @@ type Event struct {
 	Data   map[string]string `json:"data,omitempty"`
 }
 
-// Event kinds.
-const (
-	EventSubmissionRejected = "submission_rejected"
-	EventJobAccepted        = "job_accepted"
-	EventJobFinished        = "job_finished"
-	EventStaleResult        = "stale_result"
-)
+// Event kinds: events.go.

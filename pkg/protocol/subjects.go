@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"hash/fnv"
 	"regexp"
@@ -10,9 +12,17 @@ import (
 // Subjects and stream names. They are part of the public protocol: changing
 // one breaks deployed agents.
 const (
-	// SubjectSubmit is where publishers send job specs (stream WARDEN_SUBMIT).
+	// SubjectSubmit is where publishers send job specs (stream WARDEN_SUBMIT)
+	// without naming the job: the scheduler derives the id from the
+	// Warden-Job-Id header, the idempotency key or the stream sequence.
+	// Prefer SubmitSubject(job): it lets one scheduler own the job from
+	// submission to its end.
 	SubjectSubmit = "warden.submit"
-	// SubjectResultPrefix prefixes results: warden.result.<job>.<step>.
+	// SubjectResultPrefix prefixes results:
+	// warden.result.<pool>.<agent>.<job>.<step>. The agent's identity is in
+	// the subject so that the server can refuse a result an agent publishes
+	// in another agent's name (each agent may publish only under its own
+	// warden.result.<pool>.<agent>.>).
 	SubjectResultPrefix = "warden.result"
 	// SubjectTaskPrefix prefixes tasks: warden.task.<shard>.<pool>.<agent>.
 	SubjectTaskPrefix = "warden.task"
@@ -79,14 +89,64 @@ func TaskSubject(shard int, pool, agent string) string {
 	return fmt.Sprintf("%s.%d.%s.%s", SubjectTaskPrefix, shard, pool, agent)
 }
 
-// ResultSubject is the subject an agent reports a step's result on.
-func ResultSubject(job, step string) string {
-	return SubjectResultPrefix + "." + job + "." + step
+// ResultSubject is the subject agent <pool>.<agent> reports a step's
+// result on.
+func ResultSubject(pool, agent, job, step string) string {
+	return SubjectResultPrefix + "." + pool + "." + agent + "." + job + "." + step
+}
+
+// ResultsPublishFilter is what an agent may publish results on.
+func ResultsPublishFilter(pool, agent string) string {
+	return SubjectResultPrefix + "." + pool + "." + agent + ".>"
+}
+
+// SubmitSubject is where a publisher submits the job with this id. The
+// stream maps it into the job's partition (see StoredSubmitSubject).
+func SubmitSubject(job string) string { return SubjectSubmit + "." + job }
+
+// Partition returns a job's scheduler partition: the one NATS's
+// {{partition(n,...)}} subject mapping computes for the job id token
+// (FNV-1a, 32 bit, modulo n). One scheduler at a time owns a partition.
+func Partition(job string, partitions int) int {
+	if partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(job))
+	return int(h.Sum32() % uint32(partitions))
+}
+
+// Stored subjects: the submit and results streams rewrite the subjects
+// above (a stream subject transform) to carry the job's partition first, so
+// that each scheduler partition is one consumer filter.
+//
+//	warden.submit.<job>                        → warden.submit.<p>.<job>
+//	warden.result.<pool>.<agent>.<job>.<step>  → warden.result.<p>.<pool>.<agent>.<job>.<step>
+//
+// A submission on the bare warden.submit is stored as it is and taken by
+// whichever scheduler is free.
+
+// StoredSubmitFilter is the filter of partition p's submissions.
+func StoredSubmitFilter(p int) string { return SubjectSubmit + "." + strconv.Itoa(p) + ".*" }
+
+// StoredResultFilter is the filter of partition p's results.
+func StoredResultFilter(p int) string { return SubjectResultPrefix + "." + strconv.Itoa(p) + ".>" }
+
+// SubmitTransform and ResultTransform are the streams' subject transforms
+// for n partitions (source, destination).
+func SubmitTransform(n int) (string, string) {
+	return SubjectSubmit + ".*", fmt.Sprintf("%s.{{partition(%d,1)}}.{{wildcard(1)}}", SubjectSubmit, max(n, 1))
+}
+
+// ResultTransform: see SubmitTransform.
+func ResultTransform(n int) (string, string) {
+	return SubjectResultPrefix + ".*.*.*.*", fmt.Sprintf(
+		"%s.{{partition(%d,3)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}", SubjectResultPrefix, max(n, 1))
 }
 
 // EventSubject is the subject of an event of a kind about an id.
-func EventSubject(kind, id string) string {
-	return SubjectEventPrefix + "." + kind + "." + id
+func EventSubject(kind EventKind, id string) string {
+	return SubjectEventPrefix + "." + string(kind) + "." + id
 }
 
 // DLQSubject is the subject a dead letter of an agent is stored under.
@@ -118,13 +178,26 @@ func TaskMsgID(job, step string, epoch uint64) string {
 	return fmt.Sprintf("%s.%s.%d", job, step, epoch)
 }
 
-// ResultMsgID is the Nats-Msg-Id of a result.
-func ResultMsgID(job, step string, epoch uint64) string {
-	return fmt.Sprintf("%s.%s.%d.result", job, step, epoch)
+// ResultMsgID is the Nats-Msg-Id of a result. It includes the dispatch's
+// lease token, which only the scheduler and the agent holding the task
+// know, so that nobody can take the genuine result's dedup id first.
+func ResultMsgID(job, step string, epoch uint64, token string) string {
+	return fmt.Sprintf("%s.%s.%d.%s", job, step, epoch, token)
+}
+
+// NewLeaseToken returns a fresh unguessable lease token (128 random bits,
+// hex): every dispatch carries one and its result must echo it.
+func NewLeaseToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
 }
 
 // Submission protocol (see docs/protocol.md):
-//   - Publish the spec (YAML or JSON) to SubjectSubmit as a JetStream publish;
+//   - Publish the spec (YAML or JSON) to SubmitSubject(job) (or the bare
+//     SubjectSubmit) as a JetStream publish;
 //     the PubAck is the durable acceptance.
 //   - Set HeaderJobID to choose the job id; with an idempotency key use
 //     JobIDForKey(key) and set HeaderMsgID to the key, so the stream drops a

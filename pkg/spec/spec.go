@@ -1,8 +1,10 @@
 package spec
 
 import (
+	"time"
+
+	"github.com/wardenhq/warden/internal/retry"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/retry"
 )
 
 // RetryOverride is the step's retry override with max_retries folded in.
@@ -31,6 +33,14 @@ type Job struct {
 	IdempotencyKey string `json:"idempotency_key,omitempty" yaml:"idempotency_key,omitempty"`
 	// Steps run in dependency order; independent steps run in parallel.
 	Steps []Step `json:"steps" yaml:"steps"`
+	// Workflow fields (workflow.go): priority, delayed start, expiry and a
+	// concurrency key for the whole job.
+	Priority    Priority          `json:"priority,omitempty" yaml:"priority,omitempty"`
+	RunAt       *time.Time        `json:"run_at,omitempty" yaml:"run_at,omitempty"`
+	Delay       protocol.Duration `json:"delay,omitempty" yaml:"delay,omitempty"`
+	ExpiresAt   *time.Time        `json:"expires_at,omitempty" yaml:"expires_at,omitempty"`
+	TTL         protocol.Duration `json:"ttl,omitempty" yaml:"ttl,omitempty"`
+	Concurrency *Concurrency      `json:"concurrency,omitempty" yaml:"concurrency,omitempty"`
 }
 
 // Step is one unit of work run by one agent.
@@ -42,6 +52,11 @@ type Step struct {
 	Pool string `json:"pool,omitempty" yaml:"pool,omitempty"`
 	// Agent pins the step to one agent of the pool.
 	Agent string `json:"agent,omitempty" yaml:"agent,omitempty"`
+	// Cluster sends the step through an agent cluster instead of a pool
+	// (docs/clusters.md); Target names what it acts on, which picks the
+	// member of a sharded cluster.
+	Cluster string `json:"cluster,omitempty" yaml:"cluster,omitempty"`
+	Target  string `json:"target,omitempty" yaml:"target,omitempty"`
 	// Requires lists capabilities the agent must have.
 	Requires  []string `json:"requires,omitempty" yaml:"requires,omitempty"`
 	DependsOn []string `json:"depends_on,omitempty" yaml:"depends_on,omitempty"`
@@ -55,7 +70,16 @@ type Step struct {
 	MaxRetries *int `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`
 	// Retry overrides the action's retry policy for this step (backoff,
 	// multiplier, jitter, max_retries); max_retries above wins over it.
-	Retry *retry.Override `json:"retry,omitempty" yaml:"retry,omitempty"`
+	Retry *RetryOverride `json:"retry,omitempty" yaml:"retry,omitempty"`
+	// Workflow fields (workflow.go): priority, absolute expiry (ttl is the
+	// same as expires_in), a concurrency key, a named rate limit and the
+	// compensation that undoes the step.
+	Priority    Priority          `json:"priority,omitempty" yaml:"priority,omitempty"`
+	ExpiresAt   *time.Time        `json:"expires_at,omitempty" yaml:"expires_at,omitempty"`
+	TTL         protocol.Duration `json:"ttl,omitempty" yaml:"ttl,omitempty"`
+	Concurrency *Concurrency      `json:"concurrency,omitempty" yaml:"concurrency,omitempty"`
+	RateLimit   string            `json:"rate_limit,omitempty" yaml:"rate_limit,omitempty"`
+	Compensate  *Compensation     `json:"compensate,omitempty" yaml:"compensate,omitempty"`
 }
 
 // PoolOrDefault returns the step's pool.

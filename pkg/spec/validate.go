@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/wardenhq/warden/internal/retry"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/retry"
 )
 
 // Validate checks the spec against the limits. The first problem found is
@@ -49,6 +49,15 @@ func (j *Job) Validate(l Limits) error {
 		if s.Agent != "" && !protocol.ValidToken(s.Agent) {
 			return invalid(ReasonInvalidID, f+".agent", "agent %q may contain only letters, digits, '_' and '-'", s.Agent)
 		}
+		if s.Cluster != "" && !protocol.ValidToken(s.Cluster) {
+			return invalid(ReasonInvalidID, f+".cluster", "cluster %q may contain only letters, digits, '_' and '-'", s.Cluster)
+		}
+		if s.Cluster != "" && (s.Pool != "" || s.Agent != "") {
+			return invalid(ReasonInvalidValue, f+".cluster", "a step goes to a cluster or to a pool/agent, not both")
+		}
+		if s.Target != "" && (s.Cluster == "" || strings.ContainsAny(s.Target, " \t\r\n")) {
+			return invalid(ReasonInvalidValue, f+".target", "target %q needs a cluster and no white space", s.Target)
+		}
 		if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
 			return invalid(ReasonInvalidValue, f+".max_retries", "must be between 0 and 100, got %d", *s.MaxRetries)
 		}
@@ -77,7 +86,7 @@ func (j *Job) Validate(l Limits) error {
 	if cycle := j.findCycle(index); cycle != nil {
 		return invalid(ReasonCycle, "depends_on", "steps form a cycle: %s", strings.Join(cycle, " -> "))
 	}
-	return nil
+	return j.validateWorkflow()
 }
 
 // findCycle returns one dependency cycle as a path of step ids, or nil.

@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/dlq"
-	"github.com/wardenhq/warden/pkg/events"
-	"github.com/wardenhq/warden/pkg/jobstore"
+	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -57,6 +57,7 @@ func TestChaos(t *testing.T) {
 		return err == nil
 	})
 	watch := startSuccessWatch(ctx, t, js)
+	defineChaosCluster(ctx, t, js)
 
 	// Submit over the window; a publish that fails (the server is down)
 	// is retried with the same Nats-Msg-Id until a PubAck accepts it.
@@ -182,6 +183,7 @@ func TestChaos(t *testing.T) {
 	}
 	executions := readLedger(t, c.ledger)
 	poisonSteps := map[string]bool{}
+	clusterOwner := map[uint64]string{} // cluster epoch → the member that completed its steps
 	for _, id := range ids {
 		j := byID[id]
 		rec, _, err := store.Job(ctx, id)
@@ -207,6 +209,12 @@ func TestChaos(t *testing.T) {
 			}
 			if s.State == jobstore.StepSucceeded && executions[key] == 0 {
 				t.Errorf("step %s succeeded but never ran according to the ledger", key)
+			}
+			if s.Cluster != "" && s.State == jobstore.StepSucceeded {
+				if o, ok := clusterOwner[s.ClusterEpoch]; ok && o != s.Actor {
+					t.Errorf("cluster epoch %d: steps completed by both %s and %s (%s)", s.ClusterEpoch, o, s.Actor, key)
+				}
+				clusterOwner[s.ClusterEpoch] = s.Actor
 			}
 		}
 	}
@@ -336,7 +344,7 @@ func sumValues(m map[string]int) int {
 	return n
 }
 
-func readEvents(ctx context.Context, js jetstream.JetStream, kind string) []protocol.Event {
+func readEvents(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind) []protocol.Event {
 	evs, _ := events.List(ctx, js, kind, 0)
 	return evs
 }

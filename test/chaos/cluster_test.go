@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wardenhq/warden/pkg/lease"
+	"github.com/wardenhq/warden/internal/lease"
 	"github.com/wardenhq/warden/test/procs"
 )
 
@@ -74,7 +74,7 @@ func newCluster(t *testing.T) *cluster {
 	for i := range 4 {
 		id := fmt.Sprintf("agent-%d", i)
 		add(id, func() *procs.Proc {
-			return procs.Start(t, id, bins["testagent"], "--server", c.url, "--id", id, "--ledger", c.ledger)
+			return procs.Start(t, id, bins["testagent"], "--server", c.url, "--id", id, "--ledger", c.ledger, "--cluster", chaosCluster)
 		})
 	}
 	for _, name := range c.order {

@@ -20,7 +20,12 @@ type stepSpec struct {
 	Params     map[string]any `json:"params,omitempty"`
 	DependsOn  []string       `json:"depends_on,omitempty"`
 	MaxRetries *int           `json:"max_retries,omitempty"`
+	Cluster    string         `json:"cluster,omitempty"`
 }
+
+// chaosCluster is the active-passive agent cluster every chaos agent joins
+// (docs/clusters.md); "cluster" jobs run their steps through it.
+const chaosCluster = "chaos-ap"
 
 func ledgerStep(r *rand.Rand, id string, deps ...string) stepSpec {
 	ms := 20 + r.IntN(280)
@@ -43,7 +48,7 @@ func generate(r *rand.Rand, n, poison int) []job {
 			j.shape, j.poison = "poison", "bad"
 			steps = []stepSpec{ledgerStep(r, "before"), {ID: "bad", Action: "crash", DependsOn: []string{"before"}}, ledgerStep(r, "after", "bad")}
 		default:
-			switch r.IntN(4) {
+			switch r.IntN(5) {
 			case 0:
 				j.shape = "chain"
 				k := 3 + r.IntN(3)
@@ -68,6 +73,18 @@ func generate(r *rand.Rand, n, poison int) []job {
 			case 2:
 				j.shape = "diamond"
 				steps = []stepSpec{ledgerStep(r, "a"), ledgerStep(r, "b", "a"), ledgerStep(r, "c", "a"), ledgerStep(r, "d", "b", "c")}
+			case 3:
+				// A chain through the cluster: its leader runs every step.
+				j.shape = "cluster"
+				for s := range 3 {
+					var deps []string
+					if s > 0 {
+						deps = []string{fmt.Sprintf("c%d", s-1)}
+					}
+					st := ledgerStep(r, fmt.Sprintf("c%d", s), deps...)
+					st.Cluster = chaosCluster
+					steps = append(steps, st)
+				}
 			default:
 				j.shape = "transient"
 				three := 3

@@ -4,8 +4,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 	"github.com/wardenhq/warden/test/procs"
@@ -25,19 +23,7 @@ import (
 var bins map[string]string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "warden-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, err = procs.Build(dir, "scheduler", "supervisor", "agent", "warden", "./test/testagent")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	procs.Main(m, &bins, "scheduler", "supervisor", "agent", "warden", "./test/testagent")
 }
 
 type env struct {
@@ -49,9 +35,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{})
+	srv, nc, js := natstest.Start(t, streams.Options{})
 	store, err := jobstore.Open(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)

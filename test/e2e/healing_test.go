@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/test/procs"
 )
 

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wardenhq/warden/pkg/events"
-	"github.com/wardenhq/warden/pkg/jobstore"
-	"github.com/wardenhq/warden/pkg/lease"
-	"github.com/wardenhq/warden/pkg/natstest"
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/lease"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/test/procs"
 )
@@ -33,7 +33,7 @@ func (e *env) step(t *testing.T, job, step string) *jobstore.Step {
 }
 
 // events returns the events of a kind stored so far.
-func (e *env) events(t *testing.T, kind string) []protocol.Event {
+func (e *env) events(t *testing.T, kind protocol.EventKind) []protocol.Event {
 	t.Helper()
 	evs, err := events.List(context.Background(), e.js, kind, 0)
 	if err != nil {

@@ -1,6 +1,3 @@
-// Package procs builds Warden's binaries and runs them as real processes
-// for end-to-end and chaos tests: a process boundary is what those tests
-// exercise (kill -9, SIGSTOP, restarts), so nothing here runs in-process.
 package procs
 
 import (
@@ -155,4 +152,28 @@ func (p *Proc) WaitOutput(t testing.TB, s string, timeout time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Main is a TestMain for a package of process tests: it builds the named
+// binaries (as Build) into a temporary directory, stores their paths in
+// *bins, runs the tests, removes the directory and exits with the tests'
+// code.
+//
+//	var bins map[string]string
+//	func TestMain(m *testing.M) { procs.Main(m, &bins, "scheduler", "agent") }
+func Main(m *testing.M, bins *map[string]string, names ...string) {
+	dir, err := os.MkdirTemp("", "warden-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*bins, err = Build(dir, names...)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }

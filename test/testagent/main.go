@@ -63,6 +63,7 @@ func run(ctx context.Context) error {
 	caps := flag.String("capabilities", "", "comma-separated capabilities")
 	maxConc := flag.Int("max-concurrent", 4, "tasks at once")
 	path := flag.String("ledger", os.Getenv("WARDEN_LEDGER"), "ledger file")
+	clusterName := flag.String("cluster", "", "agent cluster to join (docs/clusters.md)")
 	failEvery := flag.Int("fail", 0, "make ledger fail (retriable) on all but every Nth execution: a sick agent")
 	flag.Parse()
 	if *path == "" {
@@ -77,6 +78,7 @@ func run(ctx context.Context) error {
 
 	cfg := agent.DefaultConfig()
 	cfg.NATS.URL, cfg.ID, cfg.Pool, cfg.MaxConcurrent = *server, *id, *pool, *maxConc
+	cfg.Cluster = *clusterName
 	if *caps != "" {
 		cfg.Capabilities = strings.Split(*caps, ",")
 	}

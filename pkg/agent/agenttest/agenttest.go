@@ -1,10 +1,3 @@
-// Package agenttest helps users test their agent handlers without NATS:
-// build a Task, run the handler the way the agent runs it (panic recovery,
-// error classification, JSON output), and look at the protocol.Result the
-// scheduler would receive.
-//
-//	res := agenttest.Run(t, resize, agenttest.NewTask(t, "resize", map[string]int{"width": 10}))
-//	if res.Status != protocol.ResultSucceeded { t.Fatal(res.Error) }
 package agenttest
 
 import (

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wardenhq/warden/internal/creds"
+	"github.com/wardenhq/warden/internal/natsconn"
+	"github.com/wardenhq/warden/streams"
+)
+
+func (a *app) credsCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "creds",
+		Short: "Create and rotate NATS identities: operator, accounts, one credential per role and per agent",
+		Long: `warden creds makes the NATS operator/JWT configuration of a production
+deployment (docs/security.md): an operator, the WARDEN account, the system
+account, one credential per role (setup, scheduler, supervisor, publisher,
+readonly, admin, api) and one per agent, each allowed only what its process
+uses, plus server/server.conf and server/auth.conf for nats-server.
+Keys stay in <dir>/keys: never mount that directory anywhere.`,
+	}
+	var dir string
+	cmd.PersistentFlags().StringVar(&dir, "dir", ".warden/secrets", "the credentials directory")
+
+	var c creds.Config
+	var agents, routes, hosts string
+	initCmd := &cobra.Command{
+		Use: "init", Short: "Create (or complete) the directory: keys, server config, role and agent credentials", Args: exactArgs(0),
+		RunE: func(*cobra.Command, []string) error {
+			c.Dir = dir
+			c.Agents, c.Routes, c.Hosts = splitList(agents), splitList(routes), splitList(hosts)
+			m, err := creds.Generate(c)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "operator %s, account %s (task_shards %d, tls %v)\n", m.Operator, m.Account, m.TaskShards, m.TLS)
+			for _, id := range m.Identities() {
+				fmt.Fprintf(a.stdout, "  %-32s %s\n", id, m.Users[id])
+			}
+			fmt.Fprintf(a.stdout, "server config: %s\n", creds.ServerConfPath(dir))
+			return nil
+		},
+	}
+	f := initCmd.Flags()
+	f.IntVar(&c.TaskShards, "task-shards", streams.DefaultTaskShards, "the deployment's task_shards (agents' credentials name their shard)")
+	f.StringVar(&agents, "agents", "", "comma-separated <pool>.<id>[@<cluster>] agents to mint credentials for")
+	f.StringVar(&routes, "routes", "", "comma-separated route hosts of a cluster (nats-1:6222,...)")
+	f.BoolVar(&c.TLS, "tls", false, "TLS for clients and routes: make a CA and a server certificate")
+	f.StringVar(&hosts, "hosts", "", "names in the server certificate (default localhost, 127.0.0.1 and the route hosts)")
+	f.StringVar(&c.ServerDir, "server-dir", "", "where server/ is mounted when nats-server runs (default <dir>/server)")
+	f.StringVar(&c.StoreDir, "store-dir", "/data", "nats-server's JetStream directory")
+	f.StringVar(&c.Listen, "listen", "0.0.0.0:4222", "nats-server's client address")
+
+	var pool, id, cluster string
+	var rotate bool
+	agentCmd := &cobra.Command{
+		Use: "agent", Short: "Mint one agent's credential (only its own tasks, presence, results and inbox)", Args: exactArgs(0),
+		RunE: func(*cobra.Command, []string) error {
+			name := id
+			if cluster != "" {
+				name += "@" + cluster
+			}
+			path, err := creds.MintAgent(dir, pool, name, rotate)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, path)
+			if rotate {
+				fmt.Fprintln(a.stderr, "the old credential is revoked in server/auth.conf: reload the servers (nats-server --signal reload)")
+			}
+			return nil
+		},
+	}
+	agentCmd.Flags().StringVar(&pool, "pool", "default", "the agent's pool")
+	agentCmd.Flags().StringVar(&id, "id", "", "the agent's id")
+	agentCmd.Flags().BoolVar(&rotate, "rotate", false, "replace an existing credential and revoke the old one")
+	agentCmd.Flags().StringVar(&cluster, "cluster", "", "the agent's cluster (docs/clusters.md): it may then lead that cluster")
+
+	rotateCmd := &cobra.Command{
+		Use: "rotate ROLE", Short: "Replace a role's credential and revoke the old one", Args: exactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			path, err := creds.Rotate(dir, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, path)
+			fmt.Fprintln(a.stderr, "the old credential is revoked in server/auth.conf: reload the servers, then restart the processes using it")
+			return nil
+		},
+	}
+	revokeCmd := &cobra.Command{
+		Use: "revoke IDENTITY", Short: "Revoke an identity's credential (e.g. agent.<pool>.<id>)", Args: exactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if err := creds.Revoke(dir, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stderr, "revoked in server/auth.conf: reload the servers (nats-server --signal reload)")
+			return nil
+		},
+	}
+	var shards int
+	rolesCmd := &cobra.Command{
+		Use: "roles", Short: "Print every role's permissions (what docs/security.md documents)", Args: exactArgs(0),
+		RunE: func(*cobra.Command, []string) error {
+			roles := creds.DocRoles(shards)
+			if a.json {
+				return writeJSON(a.stdout, roles)
+			}
+			_, err := a.stdout.Write([]byte(creds.Markdown(roles)))
+			return err
+		},
+	}
+	rolesCmd.Flags().IntVar(&shards, "task-shards", streams.DefaultTaskShards, "task shards")
+	cmd.AddCommand(initCmd, agentCmd, rotateCmd, revokeCmd, rolesCmd)
+	return cmd
+}
+
+func (a *app) setupCommand() *cobra.Command {
+	var o streams.Options
+	cmd := &cobra.Command{
+		Use:   "setup",
+		Short: "Create or update every stream and bucket (run with the setup credential before the other processes)",
+		Long: `warden setup applies streams/*.json to the deployment. In production only
+the setup identity may create, change or delete streams: run this first
+(docker-compose runs it as the "setup" service). Schedulers and supervisors
+check at start that the streams exist and match, and change nothing when
+they do.`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.connect()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), max(a.timeout, 30*time.Second))
+			defer cancel()
+			since := time.Now()
+			if err := streams.Ensure(ctx, c.JetStream(), o); err != nil {
+				return natsconn.Explain(c.JetStream().Conn(), since, err)
+			}
+			if err := streams.EnsureWorkflow(ctx, c.JetStream(), o); err != nil {
+				return natsconn.Explain(c.JetStream().Conn(), since, err)
+			}
+			fmt.Fprintln(a.stdout, "streams and buckets are up to date")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Replicas, "replicas", 1, "replicas of every stream and bucket")
+	f.IntVar(&o.TaskShards, "task-shards", streams.DefaultTaskShards, "task streams")
+	f.IntVar(&o.Partitions, "partitions", streams.DefaultPartitions, "scheduler partitions")
+	f.DurationVar(&o.PresenceTTL, "presence-ttl", 0, "presence bucket TTL (default streams/kv_presence.json)")
+	f.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "leases bucket TTL (default streams/kv_leases.json)")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

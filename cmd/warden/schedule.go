@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wardenhq/warden/internal/schedule"
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+func (a *app) scheduleCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "schedule", Short: "Recurring jobs: add, list and remove schedules"}
+	var (
+		file, cron, every, catchup, tz string
+		grace                          time.Duration
+		replace                        bool
+	)
+	add := &cobra.Command{
+		Use:   "add NAME (--cron EXPR | --every DURATION) -f SPEC",
+		Short: "Submit SPEC as job NAME-<unix time> at every tick",
+		Long: `Add a recurring job. Every tick submits the spec as a job named
+<NAME>-<unix seconds of the tick>, once, whatever the number of schedulers.
+
+--cron takes 5 fields (minute hour day-of-month month day-of-week), 6 with
+seconds first, or @hourly, @daily, @weekly, @monthly, @yearly.
+--every takes a duration of at least 1s.
+
+Ticks missed while no scheduler runs collapse into one overdue tick:
+--catchup run_once (default) runs it, --catchup skip drops it. A tick is
+overdue when handled more than --grace after it was due (default: the
+shorter of 1m and the interval).`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (cron == "") == (every == "") {
+				return usageError("give exactly one of --cron and --every")
+			}
+			expr := cron
+			if every != "" {
+				expr = "@every " + every
+			}
+			body, err := readSpec(a.stdin, file)
+			if err != nil {
+				return err
+			}
+			d := schedule.Definition{Name: args[0], Schedule: expr, TimeZone: tz, Catchup: catchup,
+				Grace: protocol.Duration(grace), Spec: string(body)}
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				next, err := st.Add(ctx, d, replace)
+				switch {
+				case errors.Is(err, schedule.ErrExists):
+					return &exitError{code: exitUsage, err: err}
+				case errors.Is(err, schedule.ErrInvalid):
+					return usageError("%v", err)
+				case err != nil:
+					return &exitError{code: exitUnavailable, err: err}
+				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]any{"name": d.Name, "next": next})
+				}
+				fmt.Fprintf(a.stdout, "schedule %s added; next tick %s (%s)\n", d.Name, timestamp(next), until(next, time.Now()))
+				return nil
+			})
+		},
+	}
+	f := add.Flags()
+	f.StringVarP(&file, "file", "f", "-", "job spec file (YAML or JSON); - reads stdin")
+	f.StringVar(&cron, "cron", "", "cron expression")
+	f.StringVar(&every, "every", "", "interval, e.g. 30s or 1h")
+	f.StringVar(&catchup, "catchup", schedule.CatchupRunOnce, "overdue tick after downtime: run_once or skip")
+	f.DurationVar(&grace, "grace", 0, "how late a tick may run and still count as on time (0: min(1m, interval))")
+	f.StringVar(&tz, "tz", "", "time zone of the cron expression (IANA name; default UTC)")
+	f.BoolVar(&replace, "replace", false, "replace a schedule of the same name")
+
+	ls := &cobra.Command{
+		Use: "ls", Short: "List schedules with their next and last tick", Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				list, err := st.List(ctx)
+				if err != nil {
+					return &exitError{code: exitUnavailable, err: err}
+				}
+				if a.json {
+					if list == nil {
+						list = []schedule.Entry{}
+					}
+					return writeJSON(a.stdout, list)
+				}
+				now := time.Now()
+				t := newTable(a.stdout, "NAME", "SCHEDULE", "CATCHUP", "NEXT", "LAST TICK", "CREATED")
+				for _, e := range list {
+					t.row(e.Name, e.Schedule, e.Catchup, until(e.Next, now), until(e.LastTick, now), age(e.CreatedAt, now))
+				}
+				return t.flush()
+			})
+		},
+	}
+	rm := &cobra.Command{
+		Use: "rm NAME", Short: "Remove a schedule (jobs it already submitted are not touched)", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				err := st.Remove(ctx, args[0])
+				switch {
+				case errors.Is(err, schedule.ErrNotFound):
+					return &exitError{code: exitNotFound, err: err}
+				case err != nil:
+					return &exitError{code: exitUnavailable, err: err}
+				}
+				if !a.json {
+					fmt.Fprintf(a.stdout, "schedule %s removed\n", args[0])
+					return nil
+				}
+				return writeJSON(a.stdout, map[string]string{"removed": args[0]})
+			})
+		},
+	}
+	cmd.AddCommand(add, ls, rm)
+	return cmd
+}
+
+// withSchedules connects and opens the schedules stream, creating it if
+// this deployment has never had one.
+func (a *app) withSchedules(ctx context.Context, f func(context.Context, *schedule.Store) error) error {
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		if err := streams.EnsureWorkflow(ctx, c.JetStream(), streams.Options{}); err != nil {
+			return &exitError{code: exitUnavailable, err: err}
+		}
+		st, err := schedule.NewStore(ctx, c.JetStream())
+		if err != nil {
+			return &exitError{code: exitUnavailable, err: err}
+		}
+		return f(ctx, st)
+	})
+}
+
+func readSpec(stdin io.Reader, file string) ([]byte, error) {
+	if file == "-" {
+		return io.ReadAll(stdin)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	return b, nil
+}

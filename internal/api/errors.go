@@ -1,0 +1,53 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// ErrorBody is the one error shape of the API (docs/api.md#errors).
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail says what went wrong.
+type ErrorDetail struct {
+	// Code is stable (ops.Codes); match on it, not on Message.
+	Code ops.Code `json:"code"`
+	// Message is for people.
+	Message string `json:"message"`
+	// Status repeats the HTTP status.
+	Status int `json:"status"`
+	// Reason refines invalid_argument for job specs (spec.Reason*).
+	Reason string `json:"reason,omitempty"`
+}
+
+// writeError writes err in the error shape with its code's status.
+func writeError(w http.ResponseWriter, err error) {
+	code := ops.CodeOf(err)
+	var mb *http.MaxBytesError
+	if errors.As(err, &mb) {
+		code = ops.CodeTooLarge
+	}
+	if code == "" {
+		code = ops.CodeInternal
+	}
+	st := code.HTTPStatus()
+	if code == ops.CodeUnauthenticated {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="warden"`)
+	}
+	writeJSON(w, st, ErrorBody{Error: ErrorDetail{Code: code, Message: err.Error(), Status: st, Reason: spec.ReasonOf(err)}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,114 @@
+package api_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+type sse struct {
+	id, typ, data string
+}
+
+// TestEventStream: the stream carries a job-store write as a job event, a
+// step write as a step event, an agent joining and draining, and an audit
+// event with a resumable id.
+func TestEventStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	req, _ := http.NewRequestWithContext(ctx(t), "GET", b.url+"/api/v1/events", nil)
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, content type %q", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	got := make(chan sse, 64)
+	go func() {
+		sc := bufio.NewScanner(res.Body)
+		var cur sse
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if cur.typ != "" {
+					got <- cur
+				}
+				cur = sse{}
+			case strings.HasPrefix(line, "id: "):
+				cur.id = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				cur.typ = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				cur.data = line[6:]
+			}
+		}
+		close(got)
+	}()
+	// The stream is open once the first comment arrived: the handler
+	// subscribed before writing it, and the response is flushed.
+
+	// A job record written with the record headers, then a step record.
+	m := nats.NewMsg("$KV." + protocol.BucketJobs + ".job.j1")
+	m.Header.Set(protocol.HeaderRecordState, "running")
+	m.Header.Set(protocol.HeaderRecordCreated, time.Now().UTC().Format(time.RFC3339Nano))
+	m.Data = []byte(`{}`)
+	if _, err := b.js.PublishMsg(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	m = nats.NewMsg("$KV." + protocol.BucketJobs + ".step.j1.a")
+	m.Header.Set(protocol.HeaderRecordState, "dispatched")
+	m.Data = []byte(`{}`)
+	if _, err := b.js.PublishMsg(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	b.event(t, protocol.Event{Kind: "failover", ID: "f1", Agent: "agent-1"})
+	b.agent(t, "default", "agent-7")
+	kv, _ := b.js.KeyValue(ctx(t), protocol.BucketPresence)
+	v, _ := json.Marshal(protocol.Presence{ID: "agent-7", Pool: "default", Draining: true, HeartbeatAt: time.Now()}.Routed(4))
+	// The helper's heartbeat may overwrite this with draining false; the
+	// stream then reports drained and undrained, both fine here.
+	if _, err := kv.Put(ctx(t), "default.agent-7", v); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[string]string{
+		"job":   `"id":"j1"`,
+		"step":  `"step_id":"a"`,
+		"event": `"kind":"failover"`,
+		"agent": `"change":"joined"`,
+	}
+	seen := map[string]bool{}
+	natstest.Eventually(t, 10*time.Second, "every event type on the stream", func() bool {
+		for {
+			select {
+			case e, ok := <-got:
+				if !ok {
+					t.Fatal("stream ended")
+				}
+				if s, ok := want[e.typ]; ok && strings.Contains(e.data, s) {
+					seen[e.typ] = true
+					if e.typ == "event" && !strings.HasPrefix(e.id, "e") {
+						t.Errorf("audit event without a resumable id: %+v", e)
+					}
+				}
+				if e.typ == "agent" && strings.Contains(e.data, `"change":"drained"`) {
+					seen["drained"] = true
+				}
+			default:
+				return len(seen) == 5
+			}
+		}
+	})
+}

@@ -1,0 +1,205 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/metrics"
+	"github.com/wardenhq/warden/internal/ops"
+)
+
+// Server serves the API, the dashboard, /metrics, /healthz and /readyz.
+type Server struct {
+	cfg  Config
+	ops  *ops.Ops
+	nc   *nats.Conn
+	log  zerolog.Logger
+	keys keyring
+	reg  prometheus.Gatherer
+	mux  *http.ServeMux
+	// now is the clock, replaced in tests.
+	now func() time.Time
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger. Defaults to none.
+func WithLogger(l zerolog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithGatherer serves g on /metrics. Defaults to nothing on /metrics.
+func WithGatherer(g prometheus.Gatherer) Option { return func(s *Server) { s.reg = g } }
+
+// New builds a server over the facade o, which runs on nc.
+func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	keys, err := loadTokens(cfg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, ops: o, nc: nc, log: zerolog.Nop(), keys: keys, now: time.Now}
+	for _, opt := range opts {
+		opt(s)
+	}
+	s.mux = http.NewServeMux()
+	for _, rt := range s.routes() {
+		s.mux.Handle(rt.Method+" "+rt.Path, s.wrap(rt))
+	}
+	metrics.Health(s.mux, s.ready)
+	if s.reg != nil {
+		metrics.Handle(s.mux, s.reg)
+	}
+	if *cfg.Dashboard {
+		s.mux.Handle("/", dashboard())
+	}
+	// Anything else under /api/ is a JSON 404, not the dashboard.
+	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, ops.Errorf(ops.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+	})
+	return s, nil
+}
+
+// Handler is the server's whole HTTP surface.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run listens on Config.Listen and serves until ctx ends; ready (may be
+// nil) receives the bound address.
+func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
+	ln, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	s.log.Info().Str("addr", "http://"+ln.Addr().String()).Msg("serving the API and dashboard")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ready reports whether the API can serve: NATS connected.
+func (s *Server) ready() error {
+	if s.nc != nil && !s.nc.IsConnected() {
+		return errors.New("nats: " + s.nc.Status().String())
+	}
+	return nil
+}
+
+// handler is a route's code: it writes a response or returns an error.
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+// route is one API operation. The table in routes.go is the single list of
+// routes: the mux, the auth checks and the OpenAPI test read it.
+type route struct {
+	Method, Path string
+	// Scope is what the caller needs; ScopeNone: public.
+	Scope Scope
+	// Stream marks long-lived responses (no request timeout).
+	Stream bool
+	h      handler
+}
+
+// wrap adds auth, the body limit, the request timeout and error mapping.
+func (s *Server) wrap(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.authorize(r, rt.Scope); err != nil {
+			writeError(w, err)
+			return
+		}
+		if r.ContentLength > s.cfg.MaxBodyBytes {
+			writeError(w, ops.Errorf(ops.CodeTooLarge, "request body of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxBodyBytes))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+		if !rt.Stream {
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
+		if err := rt.h(w, r); err != nil {
+			if c := ops.CodeOf(err); c == ops.CodeInternal || c == ops.CodeUnavailable {
+				s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+// authorize checks the bearer token against the route's scope.
+func (s *Server) authorize(r *http.Request, need Scope) error {
+	if need == ScopeNone {
+		return nil
+	}
+	have := s.cfg.AnonymousScope
+	if h := r.Header.Get("Authorization"); h != "" {
+		scheme, tok, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+			return ops.Errorf(ops.CodeUnauthenticated, "authorization: want \"Bearer <token>\"")
+		}
+		t, ok := s.keys[sha256.Sum256([]byte(strings.TrimSpace(tok)))]
+		if !ok {
+			return ops.Errorf(ops.CodeUnauthenticated, "unknown token")
+		}
+		have = t.Scope
+	} else if have == ScopeNone {
+		return ops.Errorf(ops.CodeUnauthenticated, "a bearer token is required")
+	}
+	if !have.allows(need) {
+		return ops.Errorf(ops.CodeForbidden, "this token's scope (%s) does not allow %s operations", orNone(have), need)
+	}
+	return nil
+}
+
+func orNone(s Scope) string {
+	if s == "" {
+		return "anonymous"
+	}
+	return string(s)
+}
+
+// RouteInfo describes one route of the API.
+type RouteInfo struct {
+	Method, Path string
+	Scope        Scope
+}
+
+// Routes lists the API's routes (for tests and docs).
+func Routes() []RouteInfo {
+	var out []RouteInfo
+	for _, r := range (&Server{}).routes() {
+		out = append(out, RouteInfo{r.Method, r.Path, r.Scope})
+	}
+	return out
+}

@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/wardenhq/warden/internal/presence"
+	"github.com/wardenhq/warden/internal/selection"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/procs"
+)
+
+// runScale runs fleets of light agents against a real scheduler and
+// supervisor process and measures what the fleet costs them idle, the
+// targeted tasks/s that flow through all agents, the heartbeat write rate
+// and the cost of one selection decision.
+func (e *Env) runScale(tb *runTB) {
+	sizes := e.cfg.ScaleAgents
+	if len(sizes) == 0 {
+		sizes = pick(e, []int{100, 1000, 5000}, []int{100, 1000})
+	}
+	for _, n := range sizes {
+		func() {
+			sub := newTB(fmt.Sprintf("scale-%d", n), e.logf)
+			defer sub.Close()
+			e.scaleOnce(sub, n)
+		}()
+	}
+	if a, ok := e.rep.Value("tasks_per_s_100_agents"); ok {
+		for _, n := range sizes {
+			if n == 100 {
+				continue
+			}
+			if b, ok := e.rep.Value(fmt.Sprintf("tasks_per_s_%d_agents", n)); ok {
+				e.rep.Add(atLeast(Figure{Section: "scale", Key: fmt.Sprintf("tasks_ratio_%d_to_100_agents", n),
+					Label: fmt.Sprintf("tasks/s %d agents ÷ 100 agents", n), Value: b / a, Unit: "x"}, 0.5, "x"))
+			}
+		}
+	}
+}
+
+func (e *Env) scaleOnce(tb *runTB, n int) {
+	const sec = "scale"
+	shards := max(4, (n+99)/100)
+	srv := e.startServer(tb)
+	sched := e.schedulerProc(tb, srv.URL, shards)
+	sup := e.supervisorProc(tb, srv.URL, "sup-scale", shards)
+	sup.WaitOutput(tb, "leading:", 30*time.Second)
+	_, js := connect(tb, srv.URL, "bench-scale")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	t0 := time.Now()
+	fleet, err := StartFleet(ctx, FleetConfig{URL: srv.URL, Agents: n, Shards: shards, MaxConcurrent: 4})
+	if err != nil {
+		tb.Fatalf("fleet of %d: %v", n, err)
+	}
+	tb.Cleanup(fleet.Stop)
+	startS := time.Since(t0).Seconds()
+	view, err := presence.NewView(ctx, js, discardLogger())
+	if err != nil {
+		tb.Fatalf("view: %v", err)
+	}
+	sel := selection.New()
+	view.Feed(sel)
+	vctx, vcancel := context.WithCancel(ctx)
+	defer vcancel()
+	go func() { _ = view.Run(vctx) }()
+	<-view.Ready()
+	for deadline := time.Now().Add(30 * time.Second); len(view.Pool("default")) < n; {
+		if time.Now().After(deadline) {
+			tb.Fatalf("only %d of %d agents present", len(view.Pool("default")), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.logf("scale %d: fleet started in %.1fs (%d task shards)", n, startS, shards)
+	time.Sleep(2 * time.Second) // let start-up work settle
+
+	pids := map[string]int{"scheduler": sched.PID(), "supervisor": sup.PID(), "server": srv.PID(), "fleet": os.Getpid()}
+	idle := pick(e, 6*time.Second, 3*time.Second)
+	seq0 := streamSeqs(tb, js)["KV_"+protocol.BucketPresence]
+	meter := newCPUMeter(pids)
+	time.Sleep(idle)
+	cores := meter.Cores()
+	hb := float64(streamSeqs(tb, js)["KV_"+protocol.BucketPresence]-seq0) / idle.Seconds()
+	k := func(s string) string { return fmt.Sprintf(s, n) }
+	f := Figure{Section: sec, Key: k("agents_%d_cpu_cores"), Label: k("%d agents idle: scheduler+supervisor CPU"), Value: cores["scheduler"] + cores["supervisor"], Unit: "cores",
+		Note: fmt.Sprintf("scheduler %.3f, supervisor %.3f, nats-server %.3f, SDK agents %.3f (one process)", cores["scheduler"], cores["supervisor"], cores["server"], cores["fleet"])}
+	if n == 5000 {
+		f = atMost(f, 1, "cores")
+	}
+	e.rep.Add(f)
+	e.rep.Add(Figure{Section: sec, Key: k("agents_%d_server_cpu_cores"), Label: k("%d agents idle: nats-server CPU"), Value: cores["server"], Unit: "cores"})
+	e.rep.Add(Figure{Section: sec, Key: k("heartbeat_writes_per_s_%d_agents"), Label: k("%d agents: heartbeat writes"), Value: hb, Unit: "writes/s",
+		Note: fmt.Sprintf("%d agents × 1/s expected", n)})
+	e.rep.Add(Figure{Section: sec, Key: k("agents_%d_start_s"), Label: k("%d agents: start (consumers + presence)"), Value: startS, Unit: "s"})
+	e.logf("scale %d: idle cores %v, heartbeats %.0f/s", n, cores, hb)
+
+	// Selection cost: what a dispatch does, on the real presence view.
+	ids := fleet.IDs()
+	decisions := max(200, min(20000, 2_000_000/n))
+	reqs := make([]selection.Request, 2*len(ids))
+	for i := range reqs {
+		reqs[i] = selection.Request{Pool: "default", Action: "noop"}
+		if i%2 == 0 {
+			reqs[i].Agent = ids[(i/2)%len(ids)]
+		}
+	}
+	// Each decision is Choose then the Release its result brings, on the
+	// selector the live view feeds.
+	mean, selErrs := selection.MeasureDecisions(sel, reqs, decisions)
+	selUS := float64(mean.Nanoseconds()) / 1000
+	e.rep.Add(Figure{Section: sec, Key: k("selection_us_per_decision_%d_agents"), Label: k("%d agents: selection per decision"), Value: selUS, Unit: "µs",
+		Note: fmt.Sprintf("selection.Choose + Release on the live view's index, half targeted; %d of %d found no agent", selErrs, decisions)})
+
+	// Targeted tasks through every agent: single-step jobs pinned to the
+	// agents in turn, at most 500 outstanding, for a fixed time.
+	track := newTracker(tb, js)
+	dur := pick(e, 10*time.Second, 5*time.Second)
+	const window = 500
+	meter = newCPUMeter(pids)
+	start := time.Now()
+	submitted := 0
+	for time.Since(start) < dur {
+		for submitted-track.Count() < window {
+			id := fmt.Sprintf("t%d-%d", n, submitted)
+			if _, err := publishAsync(js, submission(id, singleStepSpec("noop", ids[submitted%len(ids)]))); err != nil {
+				tb.Fatalf("submit: %v", err)
+			}
+			submitted++
+		}
+		select {
+		case <-track.notify:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	done := track.Count()
+	el := time.Since(start)
+	cores = meter.Cores()
+	tps := float64(done) / el.Seconds()
+	e.rep.Add(Figure{Section: sec, Key: k("tasks_per_s_%d_agents"), Label: k("%d agents: targeted tasks"), Value: tps, Unit: "tasks/s",
+		Note: fmt.Sprintf("%d single-step jobs pinned round-robin in %s; scheduler %.2f, supervisor %.2f, nats-server %.2f, agents %.2f cores",
+			done, el.Round(time.Millisecond), cores["scheduler"], cores["supervisor"], cores["server"], cores["fleet"])})
+	e.rep.Add(Figure{Section: sec, Key: k("tasks_%d_agents_sched_sup_cpu_cores"), Label: k("%d agents under load: scheduler+supervisor CPU"), Value: cores["scheduler"] + cores["supervisor"], Unit: "cores"})
+	for name, p := range map[string]*procs.Proc{"scheduler": sched, "supervisor": sup} {
+		rss, _, _ := memStatus(p.PID())
+		e.rep.Add(Figure{Section: sec, Key: fmt.Sprintf("%s_rss_%d_agents_mib", name, n), Label: fmt.Sprintf("%d agents: %s RSS", n, name), Value: mib(rss), Unit: "MiB"})
+	}
+	e.logf("scale %d: %.0f targeted tasks/s, cores under load %v", n, tps, cores)
+}

@@ -1,0 +1,252 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/internal/supervisor"
+)
+
+// deployment is a Warden in this process: one scheduler and one supervisor
+// with their defaults, and a fleet of light agents.
+type deployment struct {
+	srv   *natsServer
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	fleet *Fleet
+	track *tracker
+}
+
+func (e *Env) deploy(tb *runTB, agents, maxConcurrent int, onTask func(string, time.Time)) *deployment {
+	srv := e.startServer(tb)
+	startScheduler(tb, srv.URL, scheduler.DefaultConfig())
+	startSupervisor(tb, srv.URL, supervisor.Config{ID: "bench-sup"})
+	nc, js := connect(tb, srv.URL, "bench-client")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fleet, err := StartFleet(ctx, FleetConfig{URL: srv.URL, Agents: agents, MaxConcurrent: maxConcurrent, AgentsPerConn: 4,
+		OnTask: onTask})
+	if err != nil {
+		tb.Fatalf("fleet: %v", err)
+	}
+	tb.Cleanup(fleet.Stop)
+	d := &deployment{srv: srv, nc: nc, js: js, fleet: fleet, track: newTracker(tb, js)}
+	// Wait until the scheduler sees the agents: one job must complete.
+	d.runJobs(tb, "warmup", 1, 1, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+	return d
+}
+
+// runJobs submits n jobs from pubs publishers asynchronously and waits for
+// all of them to finish. It returns the time from the first publish to the
+// last job_finished event.
+func (d *deployment) runJobs(tb *runTB, prefix string, n, pubs int, spec func(i int) []byte, timeout time.Duration) time.Duration {
+	before := d.track.Count()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := 0; p < pubs; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for i := p; i < n; i += pubs {
+				if _, err := publishAsync(d.js, submission(fmt.Sprintf("%s-%d", prefix, i), spec(i))); err != nil {
+					tb.Logf("submit: %v", err)
+				}
+			}
+		}(p)
+	}
+	wg.Wait()
+	select {
+	case <-d.js.PublishAsyncComplete():
+	case <-time.After(timeout):
+	}
+	if !d.track.waitCount(before+n, timeout) {
+		tb.Fatalf("%s: only %d of %d jobs finished within %s", prefix, d.track.Count()-before, n, timeout)
+	}
+	return time.Since(start)
+}
+
+// runThroughput keeps a fixed number of single-step jobs in flight for a
+// fixed time and counts the jobs whose terminal record arrived in that
+// window; then it lets the rest finish and counts every JetStream write
+// they made. The server's and this process's CPU are read from /proc over
+// the window (with --profile-dir, both are profiled too).
+func (e *Env) runThroughput(tb *runTB) {
+	const sec = "Warden throughput"
+	agents := 8
+	d := e.deploy(tb, agents, 64, nil)
+	d.runJobs(tb, "warm", 500, 4, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+
+	inFlight := pick(e, 2000, 1000)
+	dur := pick(e, 8*time.Second, 4*time.Second)
+	spec := singleStepSpec("noop", "")
+	before := streamSeqs(tb, d.js)
+	base := d.track.Count()
+	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "bench": os.Getpid()})
+	machine := newMachineMeter()
+	stopProfiles := e.startProfiles(tb, d.srv, "throughput", dur)
+	start := time.Now()
+	submitted := 0
+	for time.Since(start) < dur {
+		for submitted-(d.track.Count()-base) < inFlight {
+			if _, err := publishAsync(d.js, submission(fmt.Sprintf("job-%d", submitted), spec)); err != nil {
+				tb.Fatalf("submit: %v", err)
+			}
+			submitted++
+		}
+		select {
+		case <-d.track.notify:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	done := d.track.Count() - base
+	el := time.Since(start)
+	cores := meter.Cores()
+	busy := machine.Busy()
+	stopProfiles()
+	if !d.track.waitCount(base+submitted, 2*time.Minute) {
+		tb.Fatalf("only %d of %d jobs finished", d.track.Count()-base, submitted)
+	}
+	time.Sleep(200 * time.Millisecond) // the last acks
+	after := streamSeqs(tb, d.js)
+	writes, by := writesBetween(before, after)
+	jps := float64(done) / el.Seconds()
+	wpj := float64(writes) / float64(submitted)
+	e.rep.Add(atLeast(Figure{Section: sec, Key: "jobs_per_s", Label: "single-step jobs", Value: jps, Unit: "jobs/s",
+		Note: fmt.Sprintf("%d in flight for %s (%d finished), %d SDK agents × 64, 1 scheduler, 1 supervisor, all in one process", inFlight, dur, done, agents)}, 10000, "jobs/s"))
+	e.rep.Add(atMost(Figure{Section: sec, Key: "writes_per_job", Label: "JetStream writes per job", Value: wpj, Unit: "writes",
+		Note: fmt.Sprintf("%d jobs; counted: stored messages in every stream and bucket but presence, health and leases", submitted)}, 6, "writes"))
+	e.rep.Set("writes_per_job_by_stream", perJob(by, submitted))
+	e.rep.Add(Figure{Section: sec, Key: "throughput_server_cpu_cores", Label: "nats-server CPU during jobs_per_s", Value: cores["server"], Unit: "cores",
+		Note: fmt.Sprintf("from /proc over the window; machine busy %.0f%% of %d cores (everyone's load included)", 100*busy, runtime.NumCPU())})
+	e.rep.Add(Figure{Section: sec, Key: "throughput_bench_cpu_cores", Label: "Warden (scheduler, supervisor, agents, bench) CPU", Value: cores["bench"], Unit: "cores",
+		Note: "one process: the scheduler, supervisor, SDK agents, submitter and tracker"})
+	e.rep.Add(Figure{Section: sec, Key: "throughput_machine_busy", Label: "machine CPU busy during jobs_per_s", Value: busy, Unit: "fraction"})
+	e.logf("throughput: %.0f jobs/s, %.2f writes/job (%s); cores %v, machine busy %.0f%%", jps, wpj, by, cores, 100*busy)
+	if f := d.track.failures(); f > 0 {
+		e.rep.Note("throughput: %d jobs did not succeed", f)
+	}
+
+	// 10-step chains, submitted at once.
+	chains := pick(e, 150, 40)
+	cel := d.runJobs(tb, "chain", chains, 2, func(int) []byte { return chainSpec(10) }, 5*time.Minute)
+	sps := float64(chains*10) / cel.Seconds()
+	e.rep.Add(Figure{Section: sec, Key: "chain_steps_per_s", Label: "10-step chains", Value: sps, Unit: "steps/s",
+		Note: fmt.Sprintf("%d chains submitted at once", chains)})
+	e.logf("throughput: chains %.0f steps/s", sps)
+}
+
+// perJob turns "A=600 B=1200" for n jobs into "A=1.00 B=2.00".
+func perJob(by string, n int) string {
+	var out []string
+	for _, part := range splitFields(by) {
+		var name string
+		var v uint64
+		for i := len(part) - 1; i >= 0; i-- {
+			if part[i] == '=' {
+				name = part[:i]
+				fmt.Sscanf(part[i+1:], "%d", &v)
+				break
+			}
+		}
+		out = append(out, fmt.Sprintf("%s=%.2f", name, float64(v)/float64(n)))
+	}
+	return joinFields(out)
+}
+
+func (e *Env) runLatency(tb *runTB) {
+	const sec = "Warden latency"
+	var mu sync.Mutex
+	dispatched := map[string]time.Time{}
+	d := e.deploy(tb, 8, 64, func(job string, at time.Time) {
+		mu.Lock()
+		if _, ok := dispatched[job]; !ok {
+			dispatched[job] = at
+		}
+		mu.Unlock()
+	})
+	ctx := context.Background()
+	d.runJobs(tb, "warm", 100, 2, func(int) []byte { return singleStepSpec("noop", "") }, time.Minute)
+
+	// Low load: one job at a time, synchronous submit.
+	n := pick(e, 200, 50)
+	var comp, disp []time.Duration
+	spec := singleStepSpec("noop", "")
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("low-%d", i)
+		done := d.track.wait(id)
+		t0 := time.Now()
+		if _, err := d.js.PublishMsg(ctx, submission(id, spec)); err != nil {
+			tb.Fatalf("submit: %v", err)
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			tb.Fatalf("job %s did not finish", id)
+		}
+		at, _ := d.track.at(id)
+		comp = append(comp, at.Sub(t0))
+		mu.Lock()
+		disp = append(disp, dispatched[id].Sub(t0))
+		mu.Unlock()
+	}
+	e.rep.Add(atMost(Figure{Section: sec, Key: "submit_complete_p50_ms", Label: "submit→complete p50, low load", Value: ms(percentile(comp, 50)),
+		Unit: "ms", Note: fmt.Sprintf("%d jobs one at a time; p99 %.2f ms; submit→dispatch p50 %.2f ms", n, ms(percentile(comp, 99)), ms(percentile(disp, 50)))}, 2, "ms"))
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_low_p99_ms", Label: "submit→complete p99, low load", Value: ms(percentile(comp, 99)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_low_p50_ms", Label: "submit→dispatch p50, low load", Value: ms(percentile(disp, 50)), Unit: "ms"})
+	e.logf("latency: low load complete p50 %.2f ms", ms(percentile(comp, 50)))
+
+	// Half of the maximum: paced asynchronous submissions.
+	rate, ok := e.rep.Value("jobs_per_s")
+	how := "half of jobs_per_s measured above"
+	if !ok || rate <= 0 {
+		rate, how = 400, "no throughput phase in this run: 200 jobs/s assumed as half"
+	}
+	rate /= 2
+	dur := pick(e, 8*time.Second, 3*time.Second)
+	total := int(rate * dur.Seconds())
+	sent := make(map[string]time.Time, total)
+	before := d.track.Count()
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	for i := 0; i < total; {
+		<-tick.C
+		due := int(time.Since(start).Seconds() * rate)
+		for ; i < due && i < total; i++ {
+			id := fmt.Sprintf("half-%d", i)
+			sent[id] = time.Now()
+			if _, err := publishAsync(d.js, submission(id, spec)); err != nil {
+				tb.Fatalf("submit: %v", err)
+			}
+		}
+	}
+	tick.Stop()
+	if !d.track.waitCount(before+total, 2*time.Minute) {
+		tb.Fatalf("half load: only %d of %d jobs finished", d.track.Count()-before, total)
+	}
+	comp, disp = comp[:0], disp[:0]
+	mu.Lock()
+	for id, t0 := range sent {
+		at, _ := d.track.at(id)
+		comp = append(comp, at.Sub(t0))
+		disp = append(disp, dispatched[id].Sub(t0))
+	}
+	mu.Unlock()
+	note := fmt.Sprintf("%.0f jobs/s offered for %s (%s)", rate, dur, how)
+	e.rep.Add(atMost(Figure{Section: sec, Key: "submit_dispatch_p99_ms", Label: "submit→dispatch p99, half load", Value: ms(percentile(disp, 99)), Unit: "ms",
+		Note: note}, 5, "ms"))
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_p50_ms", Label: "submit→dispatch p50, half load", Value: ms(percentile(disp, 50)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_max_ms", Label: "submit→dispatch max, half load", Value: ms(percentile(disp, 100)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_p50_ms", Label: "submit→complete p50, half load", Value: ms(percentile(comp, 50)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_p99_ms", Label: "submit→complete p99, half load", Value: ms(percentile(comp, 99)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_max_ms", Label: "submit→complete max, half load", Value: ms(percentile(comp, 100)), Unit: "ms"})
+	e.rep.Set("latency_half_load_offered_per_s", round(rate))
+	e.logf("latency: half load (%.0f/s) dispatch p99 %.2f ms, complete p99 %.2f ms", rate, ms(percentile(disp, 99)), ms(percentile(comp, 99)))
+}

@@ -1,0 +1,154 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// What a member tells its handlers: the view, changes to it, and whether a
+// task or a result may go ahead.
+
+// View returns the member's current picture of its cluster.
+func (m *Member) View() View {
+	epoch, leading := m.lease.held()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := View{Cluster: m.cfg.Cluster, Defined: m.def != nil, IsLeader: leading && m.def != nil,
+		Digest: m.copy.Digest, Status: m.state.Status, Leader: m.state.Leader, Epoch: m.state.Epoch}
+	if m.def != nil {
+		v.Mode = m.def.Mode
+	}
+	if mem, ok := m.state.Member(m.key); ok {
+		v.Role, v.Targets = mem.Role, slices.Clone(mem.Targets)
+	}
+	switch {
+	case v.IsLeader && v.Mode == protocol.ModeActivePassive:
+		v.Role, v.Leader, v.Epoch = protocol.RoleLeader, m.key, epoch
+		if m.def != nil {
+			v.Targets = slices.Clone(m.def.TargetGroup.Targets)
+		}
+	case !v.IsLeader && v.Role == protocol.RoleLeader:
+		// The state still names us but the lease is gone: we lead nothing.
+		v.Role, v.Targets = protocol.RoleStandby, nil
+	}
+	v.InSync = m.state.SyncDigest != "" && m.state.SyncDigest == m.copy.Digest
+	return v
+}
+
+// Sync returns this member's copy of the leader's sync state.
+func (m *Member) Sync() protocol.ClusterSync {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.copy
+}
+
+// Watch returns a channel that receives the view whenever it may have
+// changed (the latest view only, never blocking the member), until ctx ends.
+func (m *Member) Watch(ctx context.Context) <-chan View {
+	ch := make(chan View, 1)
+	m.mu.Lock()
+	m.watchers = append(m.watchers, ch)
+	m.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for i, w := range m.watchers {
+			if w == ch {
+				m.watchers = slices.Delete(m.watchers, i, i+1)
+				close(ch)
+				return
+			}
+		}
+	}()
+	m.notify()
+	return ch
+}
+
+func (m *Member) notify() {
+	v := m.View()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ch := range m.watchers {
+		select {
+		case <-ch: // drop the stale view
+		default:
+		}
+		select {
+		case ch <- v:
+		default:
+		}
+	}
+}
+
+// Accept decides whether this member may run a task dispatched through the
+// cluster under epoch for target (sharded). A nil error means yes.
+func (m *Member) Accept(epoch uint64, target string) error {
+	v := m.View()
+	if !v.Defined {
+		return ErrNotDefined
+	}
+	switch v.Mode {
+	case protocol.ModeActivePassive:
+		le, ok := m.lease.held()
+		if !ok {
+			return ErrNotLeader
+		}
+		if epoch != le {
+			return fmt.Errorf("%w: task epoch %d, leader epoch %d", ErrStaleEpoch, epoch, le)
+		}
+		return nil
+	case protocol.ModeSharded:
+		m.mu.Lock()
+		owners, sepoch := m.state.Owners, m.state.Epoch
+		m.mu.Unlock()
+		if epoch > sepoch {
+			return fmt.Errorf("%w: task epoch %d is ahead of this member's %d", ErrStaleEpoch, epoch, sepoch)
+		}
+		if Owner(target, owners) != m.key {
+			return fmt.Errorf("%w: %s (epoch %d)", ErrNotOwner, target, sepoch)
+		}
+		return nil
+	default:
+		if epoch > v.Epoch {
+			return fmt.Errorf("%w: task epoch %d is ahead of this member's %d", ErrStaleEpoch, epoch, v.Epoch)
+		}
+		if v.Role != protocol.RoleMember {
+			return fmt.Errorf("%w (role %s)", ErrNotAccepted, v.Role)
+		}
+		return nil
+	}
+}
+
+// AcceptResult decides whether a finished cluster task's result may be
+// reported: as Accept, except that an active-passive leader that stepped
+// down of its own accord (drained, handed off, stopping) still reports the
+// tasks it ran under the epoch it gave up. A leader that lost its lease
+// (paused, cut off) reports nothing under the old epoch.
+func (m *Member) AcceptResult(epoch uint64, target string) error {
+	err := m.Accept(epoch, target)
+	if err != nil && epoch != 0 && m.resigned.Load() == epoch {
+		return nil
+	}
+	return err
+}
+
+// SetSync sets (or, with value "", deletes) an entry of the sync state's
+// task_states or cached_digests section. Only the leader may; members get
+// the change within one sync interval.
+func (m *Member) SetSync(section, key, value string) error {
+	if _, ok := m.lease.held(); !ok {
+		return ErrNotLeader
+	}
+	if section != SectionTaskStates && section != SectionCachedDigests {
+		return fmt.Errorf("cluster: section %q is not writable (task_states or cached_digests)", section)
+	}
+	m.mu.Lock()
+	m.leaderSync = Apply(m.leaderSync, []Change{{Section: section, Key: key, Value: value, Delete: value == ""}})
+	m.mu.Unlock()
+	m.poke()
+	return nil
+}

@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Errors of the Store. ErrNotFound wraps jetstream.ErrKeyNotFound and
+// ErrExists jetstream.ErrKeyExists, so callers may test either.
+var (
+	ErrNotFound = fmt.Errorf("cluster not found: %w", jetstream.ErrKeyNotFound)
+	ErrExists   = fmt.Errorf("cluster already exists: %w", jetstream.ErrKeyExists)
+	ErrChanged  = errors.New("cluster changed meanwhile: read it again")
+)
+
+// Store reads and writes cluster definitions and reads what members and
+// leaders wrote. Every change to a definition is an event.
+type Store struct {
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	events *events.Publisher
+	now    func() time.Time
+}
+
+// Open binds a store to the warden_clusters bucket.
+func Open(ctx context.Context, js jetstream.JetStream) (*Store, error) {
+	kv, err := js.KeyValue(ctx, protocol.BucketClusters)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusters, err)
+	}
+	return &Store{js: js, kv: kv, events: events.NewPublisher(js), now: time.Now}, nil
+}
+
+// KV is the bucket.
+func (s *Store) KV() jetstream.KeyValue { return s.kv }
+
+func (s *Store) publish(ctx context.Context, kind protocol.EventKind, d protocol.ClusterDefinition, rev uint64) {
+	_ = s.events.Publish(ctx, protocol.Event{Kind: kind, ID: fmt.Sprintf("%s-%d", d.Name, rev),
+		Data: map[string]string{"cluster": d.Name, "mode": d.Mode, "revision": fmt.Sprint(rev)}})
+}
+
+// Create stores a new definition (defaults filled, validated).
+func (s *Store) Create(ctx context.Context, d protocol.ClusterDefinition) (protocol.ClusterDefinition, error) {
+	d = WithDefaults(d)
+	if err := Validate(d); err != nil {
+		return d, err
+	}
+	d.CreatedAt = s.now().UTC()
+	d.UpdatedAt = d.CreatedAt
+	b, _ := json.Marshal(d)
+	rev, err := s.kv.Create(ctx, d.Name, b)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return d, fmt.Errorf("%s: %w", d.Name, ErrExists)
+	}
+	if err != nil {
+		return d, fmt.Errorf("create cluster %s: %w", d.Name, err)
+	}
+	s.publish(ctx, protocol.EventClusterCreated, d, rev)
+	return d, nil
+}
+
+// Update replaces a definition, keeping its creation time.
+func (s *Store) Update(ctx context.Context, d protocol.ClusterDefinition) (protocol.ClusterDefinition, error) {
+	d = WithDefaults(d)
+	if err := Validate(d); err != nil {
+		return d, err
+	}
+	old, rev, err := s.Get(ctx, d.Name)
+	if err != nil {
+		return d, err
+	}
+	d.CreatedAt, d.UpdatedAt = old.CreatedAt, s.now().UTC()
+	b, _ := json.Marshal(d)
+	nrev, err := s.kv.Update(ctx, d.Name, b, rev)
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return d, fmt.Errorf("%s: %w", d.Name, ErrChanged)
+	}
+	if err != nil {
+		return d, fmt.Errorf("update cluster %s: %w", d.Name, err)
+	}
+	s.publish(ctx, protocol.EventClusterUpdated, d, nrev)
+	return d, nil
+}
+
+// Delete removes a definition and the state its leader wrote. Members keep
+// running and wait for a definition of that name again.
+func (s *Store) Delete(ctx context.Context, name string) error {
+	d, rev, err := s.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := s.kv.Delete(ctx, name, jetstream.LastRevision(rev)); err != nil {
+		return fmt.Errorf("delete cluster %s: %w", name, err)
+	}
+	_ = s.kv.Delete(ctx, protocol.ClusterStateKey(name))
+	_ = s.kv.Delete(ctx, protocol.ClusterSyncKey(name))
+	s.publish(ctx, protocol.EventClusterDeleted, d, rev)
+	return nil
+}
+
+// Get reads a definition and its revision.
+func (s *Store) Get(ctx context.Context, name string) (protocol.ClusterDefinition, uint64, error) {
+	if !protocol.ValidToken(name) {
+		return protocol.ClusterDefinition{}, 0, fmt.Errorf("%q: %w", name, ErrNotFound)
+	}
+	e, err := s.kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return protocol.ClusterDefinition{}, 0, fmt.Errorf("%s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return protocol.ClusterDefinition{}, 0, fmt.Errorf("read cluster %s: %w", name, err)
+	}
+	d, err := Decode(e.Value())
+	return d, e.Revision(), err
+}
+
+// List reads every definition, sorted by name.
+func (s *Store) List(ctx context.Context) ([]protocol.ClusterDefinition, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, "*")
+	if err != nil {
+		return nil, fmt.Errorf("list clusters: %w", err)
+	}
+	var out []protocol.ClusterDefinition
+	for k := range lister.Keys() {
+		if d, _, err := s.Get(ctx, k); err == nil {
+			out = append(out, d)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// State reads the leader's last state (zero and ErrNotFound if none).
+func (s *Store) State(ctx context.Context, name string) (protocol.ClusterState, uint64, error) {
+	var st protocol.ClusterState
+	rev, err := s.getJSON(ctx, protocol.ClusterStateKey(name), &st)
+	return st, rev, err
+}
+
+// Sync reads the leader's sync state.
+func (s *Store) Sync(ctx context.Context, name string) (protocol.ClusterSync, error) {
+	var st protocol.ClusterSync
+	_, err := s.getJSON(ctx, protocol.ClusterSyncKey(name), &st)
+	return st, err
+}
+
+func (s *Store) getJSON(ctx context.Context, key string, v any) (uint64, error) {
+	e, err := s.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		return 0, fmt.Errorf("decode %s: %w", key, err)
+	}
+	return e.Revision(), nil
+}
+
+// Reports reads every member report of a cluster still in the bucket,
+// sorted by key.
+func (s *Store) Reports(ctx context.Context, name string) ([]protocol.ClusterMemberReport, error) {
+	lister, err := s.kv.ListKeysFiltered(ctx, protocol.ClusterMembersFilter(name))
+	if err != nil {
+		return nil, fmt.Errorf("list members of %s: %w", name, err)
+	}
+	var out []protocol.ClusterMemberReport
+	for k := range lister.Keys() {
+		var r protocol.ClusterMemberReport
+		if _, err := s.getJSON(ctx, k, &r); err == nil {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return out, nil
+}
+
+// Request asks the cluster's leader for an operation and returns its id.
+// The leader deletes the request once handled (see WaitHandled).
+func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequest) (string, error) {
+	if _, _, err := s.Get(ctx, name); err != nil {
+		return "", err
+	}
+	if r.ID == "" {
+		r.ID = strings.ToLower(nuid.Next())
+	}
+	r.RequestedAt = s.now().UTC()
+	b, _ := json.Marshal(r)
+	if _, err := s.kv.Create(ctx, protocol.ClusterRequestKey(name, r.ID), b); err != nil {
+		return "", fmt.Errorf("request %s on %s: %w", r.Op, name, err)
+	}
+	return r.ID, nil
+}
+
+// WaitHandled waits until the leader has handled (deleted) a request.
+func (s *Store) WaitHandled(ctx context.Context, name, id string) error {
+	key := protocol.ClusterRequestKey(name, id)
+	w, err := s.kv.Watch(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("request %s not handled yet (is a member of %s running?): %w", id, name, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch closed")
+			}
+			if e != nil && e.Operation() != jetstream.KeyValuePut {
+				return nil
+			}
+		}
+	}
+}

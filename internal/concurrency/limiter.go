@@ -1,0 +1,253 @@
+package concurrency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/streams"
+)
+
+// Config tunes a Limiter.
+type Config struct {
+	// WaitLease is how long a waiter keeps its place without asking again.
+	// Defaults to 30s. The caller must call Acquire again before then.
+	WaitLease time.Duration
+	// RetryAfter is the retry time returned to a queued waiter when no
+	// lease ends sooner. Defaults to 5s; Release's answer usually wakes the
+	// waiter first.
+	RetryAfter time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults fills unset fields.
+func (c Config) WithDefaults() Config {
+	if c.WaitLease <= 0 {
+		c.WaitLease = 30 * time.Second
+	}
+	if c.RetryAfter <= 0 {
+		c.RetryAfter = 5 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Limiter grants and releases slots of concurrency keys.
+type Limiter struct {
+	kv  jetstream.KeyValue
+	cfg Config
+}
+
+// New opens the warden_concurrency bucket (streams.EnsureWorkflow creates it).
+func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Limiter, error) {
+	kv, err := js.KeyValue(ctx, streams.BucketConcurrency)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", streams.BucketConcurrency, err)
+	}
+	return &Limiter{kv: kv, cfg: cfg.WithDefaults()}, nil
+}
+
+// entry is a holder or a waiter.
+type entry struct {
+	ID    string    `json:"id"`
+	Until time.Time `json:"until"`
+	// Since is when a waiter first asked (its place in the queue).
+	Since time.Time `json:"since,omitzero"`
+}
+
+// record is a key's state.
+type record struct {
+	Limit   int     `json:"limit"`
+	Holders []entry `json:"holders,omitempty"`
+	Waiters []entry `json:"waiters,omitempty"`
+}
+
+// prune drops expired holders and waiters.
+func (r *record) prune(now time.Time) {
+	live := func(e entry) bool { return now.After(e.Until) }
+	r.Holders = slices.DeleteFunc(r.Holders, live)
+	r.Waiters = slices.DeleteFunc(r.Waiters, live)
+}
+
+// ErrConflict is returned when a key stayed contended for every CAS
+// attempt; it is transient: ask again later.
+var ErrConflict = errors.New("concurrency key contended, try again")
+
+const maxCAS = 16
+
+// update applies fn to key's record with compare-and-set, retrying lost
+// races. fn returns whether to write.
+func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) bool) error {
+	for attempt := range maxCAS {
+		if attempt > 0 {
+			// Lost a race: back off a little, with jitter, so that
+			// contenders spread out instead of colliding again.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
+			}
+		}
+		var r record
+		var rev uint64
+		e, err := l.kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return fmt.Errorf("read concurrency key %s: %w", key, err)
+		default:
+			rev = e.Revision()
+			if err := json.Unmarshal(e.Value(), &r); err != nil {
+				return fmt.Errorf("decode concurrency key %s: %w", key, err)
+			}
+		}
+		if !fn(&r) {
+			return nil
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if rev == 0 {
+			_, err = l.kv.Create(ctx, key, b)
+		} else {
+			_, err = l.kv.Update(ctx, key, b, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+			return fmt.Errorf("write concurrency key %s: %w", key, err)
+		}
+	}
+	return ErrConflict
+}
+
+func isWrongSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// Acquire asks for a slot of key (at most limit holders) for holder, for
+// lease. It is granted when holder already holds a slot (its lease is
+// renewed) or a slot is free and no older waiter is ahead; otherwise holder
+// is queued (or keeps its place) and retryAt says when to ask again at the
+// latest (soon for the next in line, about half the wait lease for those
+// further back, who are woken through Release). limit is the key's limit as the spec states it; the latest
+// caller's limit wins.
+func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder string, lease time.Duration) (granted bool, retryAt time.Time, err error) {
+	if limit < 1 {
+		return false, time.Time{}, fmt.Errorf("concurrency key %s: limit %d", key, limit)
+	}
+	err = l.update(ctx, key, func(r *record) bool {
+		now := l.cfg.Now()
+		r.prune(now)
+		r.Limit = limit
+		granted, retryAt = false, time.Time{}
+		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 {
+			r.Holders[i].Until = now.Add(lease)
+			granted = true
+			return true
+		}
+		free := limit - len(r.Holders)
+		pos := slices.IndexFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
+		ahead := pos
+		if pos < 0 {
+			ahead = len(r.Waiters)
+		}
+		if ahead < free {
+			if pos >= 0 {
+				r.Waiters = slices.Delete(r.Waiters, pos, pos+1)
+			}
+			r.Holders = append(r.Holders, entry{ID: holder, Until: now.Add(lease)})
+			granted = true
+			return true
+		}
+		// A waiter among the next `limit` in line asks again when a
+		// holder's lease ends (a crashed holder frees its slot then) or
+		// after RetryAfter; one further back only renews its place: a
+		// Release names the waiters the freed slots belong to, and the
+		// caller wakes them.
+		retryAt = now.Add(l.cfg.WaitLease / 2)
+		if ahead < limit {
+			retryAt = now.Add(l.cfg.RetryAfter)
+			for _, h := range r.Holders {
+				if h.Until.Before(retryAt) {
+					retryAt = h.Until
+				}
+			}
+		}
+		if pos >= 0 {
+			// Still queued: renew the wait lease only when half of it is
+			// gone, so that waiters asking again mostly just read.
+			if r.Waiters[pos].Until.Sub(now) > l.cfg.WaitLease/2 {
+				return false
+			}
+			r.Waiters[pos].Until = now.Add(l.cfg.WaitLease)
+		} else {
+			r.Waiters = append(r.Waiters, entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease)})
+		}
+		return true
+	})
+	return granted, retryAt, err
+}
+
+// Release gives up holder's slot of key (a no-op if it holds none, e.g.
+// its lease ended) and removes it from the queue. It returns the waiters
+// the freed slots now belong to, oldest first, so the caller can wake them.
+func (l *Limiter) Release(ctx context.Context, key, holder string) (next []string, err error) {
+	err = l.update(ctx, key, func(r *record) bool {
+		next = nil
+		now := l.cfg.Now()
+		before := len(r.Holders) + len(r.Waiters)
+		r.prune(now)
+		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
+		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
+		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
+			next = append(next, r.Waiters[i].ID)
+		}
+		return len(r.Holders)+len(r.Waiters) != before
+	})
+	return next, err
+}
+
+// State is a key's current holders and waiters, for inspection.
+type State struct {
+	Limit   int
+	Holders []string
+	Waiters []string
+}
+
+// Inspect returns key's live holders and waiters.
+func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
+	var st State
+	e, err := l.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return st, nil
+	}
+	if err != nil {
+		return st, err
+	}
+	var r record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return st, err
+	}
+	r.prune(l.cfg.Now())
+	st.Limit = r.Limit
+	for _, h := range r.Holders {
+		st.Holders = append(st.Holders, h.ID)
+	}
+	for _, w := range r.Waiters {
+		st.Waiters = append(st.Waiters, w.ID)
+	}
+	return st, nil
+}

@@ -1,0 +1,204 @@
+package concurrency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/streams"
+)
+
+// clock is a settable clock shared by the test's limiters.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// setup starts a server and returns n limiters on separate connections, as
+// n schedulers would have.
+func setup(t *testing.T, n int, cfg concurrency.Config) []*concurrency.Limiter {
+	t.Helper()
+	srv := natstest.New(t)
+	ctx := context.Background()
+	var out []*concurrency.Limiter
+	for i := range n {
+		_, js := srv.Connect(t)
+		if i == 0 {
+			if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := concurrency.New(ctx, js, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func acquire(t *testing.T, l *concurrency.Limiter, key string, limit int, holder string) bool {
+	t.Helper()
+	ok, retryAt, err := l.Acquire(context.Background(), key, limit, holder, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok && retryAt.IsZero() {
+		t.Fatalf("%s refused without a retry time", holder)
+	}
+	return ok
+}
+
+func TestWaitersInOrderAcrossSchedulers(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ls := setup(t, 2, concurrency.Config{Now: clk.Now})
+	a, b := ls[0], ls[1]
+	ctx := context.Background()
+	if !acquire(t, a, "c-42", 2, "j1.s") || !acquire(t, b, "c-42", 2, "j2.s") {
+		t.Fatal("the first two holders were refused")
+	}
+	if acquire(t, a, "c-42", 2, "j3.s") || acquire(t, b, "c-42", 2, "j4.s") {
+		t.Fatal("a third holder was granted with limit 2")
+	}
+	if !acquire(t, b, "c-42", 2, "j1.s") {
+		t.Fatal("a holder asking again must renew, not queue")
+	}
+	next, err := b.Release(ctx, "c-42", "j1.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(next) != "[j3.s]" {
+		t.Fatalf("release hands the slot to %v, want the oldest waiter j3.s", next)
+	}
+	if acquire(t, a, "c-42", 2, "j4.s") {
+		t.Fatal("j4 overtook the older waiter j3")
+	}
+	if acquire(t, a, "c-42", 2, "j5.s") {
+		t.Fatal("a newcomer overtook the queue")
+	}
+	if !acquire(t, b, "c-42", 2, "j3.s") {
+		t.Fatal("the oldest waiter was refused a free slot")
+	}
+	st, err := a.Inspect(ctx, "c-42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(st.Holders, st.Waiters) != "[j2.s j3.s] [j4.s j5.s]" {
+		t.Fatalf("state %+v", st)
+	}
+	// Independent keys do not interfere.
+	if !acquire(t, a, "c-43", 1, "j4.s") {
+		t.Fatal("another key is not limited by c-42")
+	}
+}
+
+func TestCrashedHolderFreedByLease(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ls := setup(t, 2, concurrency.Config{Now: clk.Now, WaitLease: 30 * time.Second})
+	ctx := context.Background()
+	// Scheduler 0 grants j1 a 10s slot, then dies without releasing.
+	if !acquire(t, ls[0], "k", 1, "j1.s") {
+		t.Fatal("refused")
+	}
+	ok, retryAt, err := ls[1].Acquire(ctx, "k", 1, "j2.s", 10*time.Second)
+	if err != nil || ok {
+		t.Fatalf("granted=%v err=%v while j1 holds the key", ok, err)
+	}
+	if want := clk.Now().Add(5 * time.Second); !retryAt.Equal(want) {
+		t.Fatalf("retry at %v, want %v (the retry interval, sooner than the lease end)", retryAt, want)
+	}
+	clk.Add(9 * time.Second)
+	if acquire(t, ls[1], "k", 1, "j2.s") {
+		t.Fatal("granted before the crashed holder's lease ended")
+	}
+	clk.Add(2 * time.Second)
+	if !acquire(t, ls[1], "k", 1, "j2.s") {
+		t.Fatal("the crashed holder's slot was not freed by its lease")
+	}
+	// A waiter that stops asking drops out of the queue after its wait lease.
+	if acquire(t, ls[0], "k", 1, "j3.s") {
+		t.Fatal("granted over limit")
+	}
+	clk.Add(31 * time.Second) // j2's lease and j3's wait lease both end
+	if !acquire(t, ls[0], "k", 1, "j4.s") {
+		t.Fatal("a silent waiter kept its place forever")
+	}
+}
+
+// TestNeverOverLimit runs 40 workers per scheduler competing for one key
+// with limit 3; each holds its slot briefly and records how many hold it at
+// once (as the agents' start/finish records would show).
+func TestNeverOverLimit(t *testing.T) {
+	t.Parallel()
+	ls := setup(t, 2, concurrency.Config{RetryAfter: 20 * time.Millisecond})
+	const limit, workers = 3, 40
+	var running, peak, done atomic.Int64
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for w := range 2 * workers {
+		l := ls[w%2]
+		wg.Go(func() {
+			holder := fmt.Sprintf("job%d.s", w)
+			for ctx.Err() == nil {
+				ok, retryAt, err := l.Acquire(ctx, "hot", limit, holder, 30*time.Second)
+				if errors.Is(err, concurrency.ErrConflict) {
+					continue
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !ok {
+					time.Sleep(min(time.Until(retryAt), 20*time.Millisecond))
+					continue
+				}
+				n := running.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				time.Sleep(time.Millisecond)
+				running.Add(-1)
+				for {
+					_, err := l.Release(ctx, "hot", holder)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, concurrency.ErrConflict) {
+						t.Error(err)
+						break
+					}
+				}
+				done.Add(1)
+				return
+			}
+		})
+	}
+	wg.Wait()
+	if done.Load() != 2*workers {
+		t.Fatalf("%d of %d workers ran", done.Load(), 2*workers)
+	}
+	if p := peak.Load(); p > limit {
+		t.Fatalf("%d ran at once, limit %d", p, limit)
+	}
+	t.Logf("%d workers over 2 schedulers, at most %d at once (limit %d)", 2*workers, peak.Load(), limit)
+	st, err := ls[0].Inspect(ctx, "hot")
+	if err != nil || len(st.Holders)+len(st.Waiters) != 0 || !slices.Equal(st.Holders, nil) {
+		t.Fatalf("leftovers %+v %v", st, err)
+	}
+}

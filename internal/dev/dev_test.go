@@ -1,0 +1,193 @@
+package dev_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/dev"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/client"
+)
+
+// buildBinaries builds the real scheduler, supervisor and agent once per
+// test binary run; warden dev is only as good as what it starts.
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+func binaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "warden-dev-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir = dir
+		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/scheduler", "../../cmd/supervisor", "../../cmd/agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = errors.New(string(out))
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build binaries: %v", buildErr)
+	}
+	return binDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// syncBuffer collects output written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestDevRunsTheDemoJobOnRealProcesses(t *testing.T) {
+	t.Parallel()
+	bin := binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	spec, err := os.ReadFile("../../examples/deploy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	var final *jobstore.Job
+	err = dev.Run(ctx, dev.Config{
+		DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs", Out: &out,
+		ExitAfterReady: true,
+		OnReady: func(ctx context.Context, env dev.Env) error {
+			nc, err := nats.Connect(env.URL)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			c := client.New(js, client.Options{})
+			r, err := c.Submit(ctx, spec, client.SubmitOptions{})
+			if err != nil {
+				return err
+			}
+			if !r.Confirmed {
+				return errors.New("the scheduler did not confirm the demo job")
+			}
+			final, err = c.Follow(ctx, r.JobID, nil)
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatalf("dev.Run: %v\n%s", err, out.String())
+	}
+	if final == nil || final.State != jobstore.JobSucceeded {
+		t.Fatalf("demo job %+v\n%s", final, out.String())
+	}
+	log := out.String()
+	for _, want := range []string{"all 3 agents are present", "scheduler  | ", "agent-3    | ", "agent-1 exited cleanly", "NATS server stopped"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("output lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+func TestDevFailsWhenAChildDiesDuringStartup(t *testing.T) {
+	t.Parallel()
+	real := binaries(t)
+	bin := t.TempDir()
+	for _, b := range []string{"scheduler", "supervisor"} {
+		if err := os.Symlink(filepath.Join(real, b), filepath.Join(bin, b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An agent that cannot start, as a broken build or a bad flag would.
+	if err := os.WriteFile(filepath.Join(bin, "agent"), []byte("#!/bin/sh\necho 'agent: cannot start' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out syncBuffer
+	err := dev.Run(ctx, dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: t.TempDir(), Out: &out, Agents: 1})
+	if !errors.Is(err, dev.ErrChildExited) || !strings.Contains(err.Error(), "agent-1") {
+		t.Fatalf("got %v, want ErrChildExited naming agent-1\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "agent-1    | agent: cannot start") || !strings.Contains(out.String(), "scheduler exited") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+}
+
+func TestDevNamesMissingBinaries(t *testing.T) {
+	t.Parallel()
+	err := dev.Run(context.Background(), dev.Config{BinDir: t.TempDir(), DataDir: t.TempDir(), Port: -1})
+	if !errors.Is(err, dev.ErrMissingBinary) || !strings.Contains(err.Error(), "scheduler, supervisor, agent") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestDevStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	bin := binaries(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- dev.Run(ctx, dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs", Out: &out, Agents: 1})
+	}()
+	deadline := time.After(time.Minute)
+	for !strings.Contains(out.String(), "Warden is running") {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned early: %v\n%s", err, out.String())
+		case <-deadline:
+			t.Fatalf("never ready:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	cancel() // what Ctrl-C does
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("Run did not stop:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "agent-1 exited cleanly") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+}

@@ -1,0 +1,69 @@
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/watch"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Record is what the supervisor leader stores under <pool>.<agent> in the
+// warden_health bucket: the assessment and what self-healing did about it.
+type Record struct {
+	Agent string `json:"agent"`
+	Pool  string `json:"pool"`
+	Assessment
+	// Action is the self-healing action in force: "", deprioritise,
+	// reduce_load, drain or failover.
+	Action string `json:"action,omitempty"`
+}
+
+// Key is the record's key.
+func (r Record) Key() string { return protocol.PresenceKey(r.Pool, r.Agent) }
+
+// WatchRecords calls put for every record stored and gone for every key
+// removed, until ctx ends. Schedulers use it to feed selection. Gaps in the
+// watch (server restart, reconnect) are re-synced by internal/watch: a
+// record removed meanwhile is reported gone, one changed is reported again.
+func WatchRecords(ctx context.Context, js jetstream.JetStream, put func(Record), gone func(key string)) error {
+	w, err := watch.New(ctx, js, protocol.BucketHealth, watch.Config{})
+	if err != nil {
+		return fmt.Errorf("health records: %w", err)
+	}
+	return w.Run(ctx, func(e watch.Event) {
+		if e.Gone() {
+			gone(e.Key)
+			return
+		}
+		var r Record
+		if json.Unmarshal(e.Entry.Value(), &r) == nil {
+			put(r)
+		}
+	})
+}
+
+// ListRecords reads every stored record once (for the CLI).
+func ListRecords(ctx context.Context, js jetstream.JetStream) (map[string]Record, error) {
+	kv, err := js.KeyValue(ctx, protocol.BucketHealth)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", protocol.BucketHealth, err)
+	}
+	out := map[string]Record{}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return out, nil
+	}
+	for k := range lister.Keys() {
+		if e, err := kv.Get(ctx, k); err == nil {
+			var r Record
+			if json.Unmarshal(e.Value(), &r) == nil {
+				out[k] = r
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,360 @@
+package jobstore
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Listing jobs without reading every record.
+//
+// A listing reads the job keys of the store's stream with an ordered,
+// headers-only consumer that delivers the last message of each key
+// (DeliverLastPerSubject): the server sends the record headers
+// (protocol.HeaderRecordState, HeaderRecordCreated, ...) and no body, so
+// filtering and ordering 20,000 jobs costs one pass over small messages and
+// no JSON decoding. Only the records of the requested page are then read
+// through the Store. A record written without the headers (by an older
+// version) is read in full, once, to classify it.
+
+// DefaultListLimit is the page size when ListFilter.Limit is zero.
+const DefaultListLimit = 50
+
+// MaxListLimit bounds one page.
+const MaxListLimit = 1000
+
+// ErrBadCursor: a ListFilter.Cursor that no listing produced.
+var ErrBadCursor = errors.New("invalid page cursor")
+
+// ListFilter narrows and pages a listing. Zero values mean no restriction.
+type ListFilter struct {
+	// States keeps jobs in any of these states.
+	States []JobState
+	// CreatedAfter keeps jobs accepted at or after this time.
+	CreatedAfter time.Time
+	// CreatedBefore keeps jobs accepted before this time.
+	CreatedBefore time.Time
+	// Limit is the page size. Defaults to DefaultListLimit, at most
+	// MaxListLimit.
+	Limit int
+	// Cursor continues a listing after the last job of a previous page
+	// (ListPage.Next).
+	Cursor string
+}
+
+// JobEntry is what a listing knows of a job from its record's headers.
+type JobEntry struct {
+	ID      string    `json:"id"`
+	State   JobState  `json:"state"`
+	Desired JobState  `json:"desired,omitempty"`
+	Created time.Time `json:"created_at"`
+	// Updated is when the record was last written.
+	Updated time.Time `json:"updated_at"`
+	// ExpiresAt is when a finished job's record is removed (its retention
+	// TTL); zero while the job runs or when it is kept for ever.
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	Revision  uint64    `json:"revision"`
+}
+
+// ListedJob is one job of a page: its entry and its record.
+type ListedJob struct {
+	JobEntry
+	// Job is the record, read through the Store; nil if the job went away
+	// between the scan and the read (its retention ended).
+	Job *Job `json:"job,omitempty"`
+}
+
+// ListPage is one page of a listing, newest job first.
+type ListPage struct {
+	Jobs []ListedJob `json:"jobs"`
+	// Next continues the listing; empty on the last page.
+	Next string `json:"next,omitempty"`
+	// Matched counts the jobs that pass the filter, on every page.
+	Matched int `json:"matched"`
+	// Counts counts every job in the store by state, ignoring the filter.
+	Counts map[JobState]int `json:"counts"`
+	// Scanned is the number of job keys read (headers only).
+	Scanned int `json:"scanned"`
+}
+
+// List returns one page of jobs, newest first (ties by id). js must reach
+// the store's bucket: the scan runs a consumer on its stream.
+func (s *Store) List(ctx context.Context, js jetstream.JetStream, f ListFilter) (ListPage, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultListLimit
+	}
+	limit = min(limit, MaxListLimit)
+	var after *JobEntry
+	if f.Cursor != "" {
+		c, err := decodeCursor(f.Cursor)
+		if err != nil {
+			return ListPage{}, err
+		}
+		after = &c
+	}
+	entries, err := s.ScanJobs(ctx, js)
+	if err != nil {
+		return ListPage{}, err
+	}
+	page := ListPage{Counts: map[JobState]int{}, Scanned: len(entries), Jobs: []ListedJob{}}
+	var matched []JobEntry
+	for _, e := range entries {
+		page.Counts[e.State]++
+		if f.match(e) {
+			matched = append(matched, e)
+		}
+	}
+	page.Matched = len(matched)
+	slices.SortFunc(matched, compareEntries)
+	start := 0
+	if after != nil {
+		start, _ = slices.BinarySearchFunc(matched, *after, compareEntries)
+		if start < len(matched) && matched[start].ID == after.ID {
+			start++
+		}
+	}
+	end := min(start+limit, len(matched))
+	if start > end {
+		start = end
+	}
+	sel := matched[start:end]
+	if end < len(matched) && len(sel) > 0 {
+		page.Next = encodeCursor(sel[len(sel)-1])
+	}
+	page.Jobs = make([]ListedJob, len(sel))
+	if err := s.readPage(ctx, sel, page.Jobs); err != nil {
+		return ListPage{}, err
+	}
+	return page, nil
+}
+
+func (f ListFilter) match(e JobEntry) bool {
+	if len(f.States) > 0 && !slices.Contains(f.States, e.State) {
+		return false
+	}
+	if !f.CreatedAfter.IsZero() && e.Created.Before(f.CreatedAfter) {
+		return false
+	}
+	if !f.CreatedBefore.IsZero() && !e.Created.Before(f.CreatedBefore) {
+		return false
+	}
+	return true
+}
+
+// compareEntries orders newest first, then by id.
+func compareEntries(a, b JobEntry) int {
+	if c := b.Created.Compare(a.Created); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// readPage reads the page's records concurrently.
+func (s *Store) readPage(ctx context.Context, sel []JobEntry, out []ListedJob) error {
+	errs := make([]error, len(sel))
+	sem := make(chan struct{}, stepReadConcurrency)
+	var wg sync.WaitGroup
+	for i, e := range sel {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			out[i].JobEntry = e
+			j, _, err := s.Job(ctx, e.ID)
+			if errors.Is(err, ErrNotFound) {
+				return
+			}
+			out[i].Job, errs[i] = j, err
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// ScanJobs returns an entry for every job in the store, in no particular
+// order, reading record headers only (see the comment at the top of this
+// file). It reads what was stored when it started; later writes may or may
+// not be seen.
+func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntry, error) {
+	stream := "KV_" + s.kv.Bucket()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	last := st.CachedInfo().State.LastSeq
+	if st.CachedInfo().State.Msgs == 0 {
+		return nil, nil
+	}
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"$KV." + s.kv.Bucket() + ".job.*"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		HeadersOnly:    true,
+		// An abandoned scan's consumer goes away soon; a finished one is
+		// deleted below.
+		InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2000))
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	defer func() {
+		it.Stop()
+		if ci := cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = js.DeleteConsumer(dctx, stream, ci.Name)
+			cancel()
+		}
+	}()
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		return nil, nil
+	}
+	// Next blocks without a context: stop the iterator when ctx ends.
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+
+	var out []JobEntry
+	var legacy []string
+	prefix := "$KV." + s.kv.Bucket() + ".job."
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("list jobs: %w", ctx.Err())
+			}
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		h := m.Headers()
+		switch h.Get("KV-Operation") {
+		case "DEL", "PURGE":
+		default:
+			id := strings.TrimPrefix(m.Subject(), prefix)
+			e, ok := entryFromHeaders(id, h, md)
+			if ok {
+				out = append(out, e)
+			} else {
+				legacy = append(legacy, id)
+			}
+		}
+		if md.NumPending == 0 || md.Sequence.Stream >= last {
+			break
+		}
+	}
+	if len(legacy) > 0 {
+		more, err := s.legacyEntries(ctx, legacy)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, more...)
+	}
+	return out, nil
+}
+
+// entryFromHeaders builds an entry from a record's headers; false when the
+// record carries none (written before the headers existed).
+func entryFromHeaders(id string, h map[string][]string, md *jetstream.MsgMetadata) (JobEntry, bool) {
+	get := func(k string) string {
+		if v := h[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	state := get(protocol.HeaderRecordState)
+	created, err := time.Parse(time.RFC3339Nano, get(protocol.HeaderRecordCreated))
+	if state == "" || err != nil {
+		return JobEntry{}, false
+	}
+	e := JobEntry{
+		ID: id, State: JobState(state), Desired: JobState(get(protocol.HeaderRecordDesired)),
+		Created: created, Updated: md.Timestamp, Revision: md.Sequence.Stream,
+	}
+	if ttl := get("Nats-TTL"); ttl != "" {
+		if d, ok := parseTTL(ttl); ok {
+			e.ExpiresAt = md.Timestamp.Add(d)
+		}
+	}
+	return e, true
+}
+
+// parseTTL reads a Nats-TTL header: a Go duration ("168h") or seconds;
+// "never" and non-positive values mean no expiry.
+func parseTTL(v string) (time.Duration, bool) {
+	if d, err := time.ParseDuration(v); err == nil {
+		return d, d > 0
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+		return time.Duration(n) * time.Second, true
+	}
+	return 0, false
+}
+
+// legacyEntries reads records that carry no headers.
+func (s *Store) legacyEntries(ctx context.Context, ids []string) ([]JobEntry, error) {
+	got := make([]JobEntry, len(ids))
+	ok := make([]bool, len(ids))
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, stepReadConcurrency)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			j, rev, err := s.Job(ctx, id)
+			if errors.Is(err, ErrNotFound) {
+				return
+			}
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			got[i] = JobEntry{ID: id, State: j.State, Desired: j.Desired, Created: j.CreatedAt, Updated: j.UpdatedAt, Revision: rev}
+			ok[i] = true
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	out := make([]JobEntry, 0, len(ids))
+	for i := range got {
+		if ok[i] {
+			out = append(out, got[i])
+		}
+	}
+	return out, nil
+}
+
+func encodeCursor(e JobEntry) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(e.Created.UnixNano(), 10) + "." + e.ID))
+}
+
+func decodeCursor(c string) (JobEntry, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return JobEntry{}, fmt.Errorf("%w: %q", ErrBadCursor, c)
+	}
+	ns, id, ok := strings.Cut(string(b), ".")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || id == "" {
+		return JobEntry{}, fmt.Errorf("%w: %q", ErrBadCursor, c)
+	}
+	return JobEntry{ID: id, Created: time.Unix(0, n)}, nil
+}

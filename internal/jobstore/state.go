@@ -1,0 +1,262 @@
+package jobstore
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// TokenMatches reports whether token is the current dispatch's lease token.
+// A step dispatched before tokens existed (none recorded) accepts any token.
+func (s *Step) TokenMatches(token string) bool {
+	return s.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(s.Token)) == 1
+}
+
+// ErrStale is returned when a result's epoch does not match the step's
+// current epoch, or the step is not waiting for a result: the result comes
+// from an agent that no longer holds the step and must be dropped.
+var ErrStale = errors.New("stale result")
+
+// Dispatch moves a pending step to dispatched on agent: a new epoch, the
+// actor and the lease. The caller writes the record (CAS) before it
+// publishes the task, so a task never exists for an epoch the store lacks.
+func (s *Step) Dispatch(agent, token string, now time.Time, grace time.Duration) error {
+	if s.State != StepPending {
+		return fmt.Errorf("dispatch step %s.%s: state is %s, not pending", s.JobID, s.ID, s.State)
+	}
+	s.Epoch++
+	s.Attempt++
+	s.State = StepDispatched
+	s.Actor = agent
+	s.Token = token
+	s.Waiting = ""
+	s.NotBefore = time.Time{}
+	s.LockedUntil = now.Add(s.Timeout.Std() + grace)
+	s.UpdatedAt = now
+	s.Attempts = append(s.Attempts, Attempt{Epoch: s.Epoch, Agent: agent, StartedAt: now, Status: string(StepDispatched)})
+	return nil
+}
+
+// Outcome is what applying a result did to a step.
+type Outcome int
+
+// Outcomes of ApplyResult.
+const (
+	// OutcomeSucceeded: the step succeeded.
+	OutcomeSucceeded Outcome = iota + 1
+	// OutcomeRetry: the step failed and went back to pending for another attempt.
+	OutcomeRetry
+	// OutcomeFailed: the step failed for good.
+	OutcomeFailed
+)
+
+// ApplyResult records an agent's result. retriable says whether a failure
+// may be retried (the caller classifies it); a retriable failure with
+// attempts left sends the step back to pending. A result for another epoch,
+// or for a step that is not dispatched, returns ErrStale and changes nothing.
+func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Outcome, error) {
+	if r.Epoch != s.Epoch || s.State != StepDispatched || !s.TokenMatches(r.Token) {
+		return 0, fmt.Errorf("%w: step %s.%s is %s at epoch %d, result is for epoch %d from %s",
+			ErrStale, s.JobID, s.ID, s.State, s.Epoch, r.Epoch, r.Agent)
+	}
+	s.UpdatedAt = now
+	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch {
+		a := &s.Attempts[n-1]
+		if !r.StartedAt.IsZero() {
+			a.StartedAt = r.StartedAt
+		}
+		a.FinishedAt = r.FinishedAt
+		a.Agent = r.Agent
+		a.Status = r.Status
+		a.Error = r.Error
+		a.Class = r.ErrorClass
+	}
+	s.LockedUntil = time.Time{}
+	if r.Status != protocol.ResultSucceeded && r.ErrorClass == protocol.ClassReroute && s.Desired != StepCancelled {
+		// A cluster member refused the task (docs/clusters.md): it ran
+		// nothing, so this dispatch is not an attempt; route it again.
+		s.State, s.Actor, s.LastError = StepPending, "", r.Error
+		s.Attempt = max(s.Attempt-1, 0)
+		return OutcomeRetry, nil
+	}
+	if r.Status == protocol.ResultSucceeded {
+		s.State = StepSucceeded
+		s.Output = r.Output
+		s.FinishedAt = now
+		return OutcomeSucceeded, nil
+	}
+	s.ErrorCount++
+	s.LastError = r.Error
+	if s.Desired == StepCancelled {
+		s.State = StepCancelled
+		s.FinishedAt = now
+		return OutcomeFailed, nil
+	}
+	if retriable && s.Attempt <= s.MaxRetries {
+		s.State = StepPending
+		s.Actor = ""
+		return OutcomeRetry, nil
+	}
+	s.State = StepFailed
+	s.FinishedAt = now
+	return OutcomeFailed, nil
+}
+
+// Release takes a dispatched step back from its agent so that it can be
+// dispatched again with a new epoch: its lease expired or its agent failed.
+// status names why in the retry chain ("lease_expired", "transferred").
+// suspect says the step was in flight when its agent failed, so it counts
+// towards the poison threshold; a task that only waited in a dead agent's
+// queue did nothing wrong.
+func (s *Step) Release(status, reason string, suspect bool, now time.Time) error {
+	if s.State != StepDispatched {
+		return fmt.Errorf("release step %s.%s: state is %s, not dispatched", s.JobID, s.ID, s.State)
+	}
+	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch {
+		s.Attempts[n-1].Status = status
+		s.Attempts[n-1].Error = reason
+		s.Attempts[n-1].FinishedAt = now
+	}
+	if status == "transferred" {
+		s.TransferredFrom = s.Actor
+	}
+	if suspect {
+		s.Recoveries++
+	}
+	s.State = StepPending
+	s.Actor = ""
+	s.Token = ""
+	s.LockedUntil = time.Time{}
+	s.LastError = reason
+	s.UpdatedAt = now
+	// A recovery is not the step's fault; it keeps its retry budget.
+	s.Attempt--
+	return nil
+}
+
+// DeadLetter parks a step that cannot complete: it exhausted its
+// deliveries or keeps killing its agents.
+func (s *Step) DeadLetter(reason string, now time.Time) {
+	s.State = StepDeadLettered
+	s.LastError = reason
+	s.UpdatedAt = now
+	s.FinishedAt = now
+	s.LockedUntil = time.Time{}
+}
+
+// ReasonExpired starts the error of a step that expired before it ran.
+const ReasonExpired = "expired"
+
+// Expired reports whether the step's expiry has passed at now.
+func (s *Step) Expired(now time.Time) bool {
+	return !s.ExpiresAt.IsZero() && now.After(s.ExpiresAt)
+}
+
+// Expire ends a step whose expiry passed before it could start.
+func (s *Step) Expire(now time.Time) {
+	s.State = StepExpired
+	s.LastError = fmt.Sprintf("%s: not started by %s", ReasonExpired, s.ExpiresAt.Format(time.RFC3339))
+	s.UpdatedAt = now
+	s.FinishedAt = now
+	s.LockedUntil = time.Time{}
+}
+
+// Fail ends a step that cannot run (no agent offers its action, say).
+func (s *Step) Fail(reason string, now time.Time) {
+	s.State = StepFailed
+	s.LastError = reason
+	s.ErrorCount++
+	s.UpdatedAt = now
+	s.FinishedAt = now
+	s.LockedUntil = time.Time{}
+}
+
+// Plan is what a job's step states call for next.
+type Plan struct {
+	// Ready are pending steps whose dependencies all succeeded.
+	Ready []*Step
+	// Skip are pending steps that can never run: a dependency ended
+	// without success.
+	Skip []*Step
+	// State is the job state the steps imply once Skip is applied.
+	State JobState
+	// Error names the first step that failed, for a failed job.
+	Error string
+}
+
+// Evaluate derives the job's next moves from its steps. It is pure: the
+// caller writes what it decides.
+func Evaluate(steps []*Step) Plan {
+	byID := make(map[string]*Step, len(steps))
+	for _, s := range steps {
+		byID[s.ID] = s
+	}
+	var p Plan
+	// A skipped step makes its own dependents unrunnable too; iterate until
+	// nothing changes (bounded by the number of steps).
+	blocked := map[string]bool{}
+	for changed := true; changed; {
+		changed = false
+		for _, s := range steps {
+			if s.State != StepPending || blocked[s.ID] {
+				continue
+			}
+			for _, d := range s.DependsOn {
+				ds := byID[d]
+				if ds == nil || blocked[d] || (ds.State.Terminal() && ds.State != StepSucceeded) {
+					blocked[s.ID] = true
+					changed = true
+					break
+				}
+			}
+		}
+	}
+	active, succeeded := 0, 0
+	var failed, cancelled, dispatched bool
+	for _, s := range steps {
+		switch {
+		case blocked[s.ID]:
+			p.Skip = append(p.Skip, s)
+		case s.State == StepPending:
+			active++
+			ready := true
+			for _, d := range s.DependsOn {
+				if byID[d].State != StepSucceeded {
+					ready = false
+					break
+				}
+			}
+			if ready {
+				p.Ready = append(p.Ready, s)
+			}
+		case s.State == StepDispatched:
+			active++
+			dispatched = true
+		case s.State == StepSucceeded:
+			succeeded++
+		case s.State == StepCancelled:
+			cancelled = true
+		default: // failed, dead-lettered, skipped
+			if s.State != StepSkipped && p.Error == "" {
+				p.Error = fmt.Sprintf("step %s %s: %s", s.ID, s.State, s.LastError)
+			}
+			failed = true
+		}
+	}
+	switch {
+	case active > 0 && (succeeded > 0 || dispatched):
+		p.State = JobRunning
+	case active > 0:
+		p.State = JobPending
+	case cancelled:
+		p.State = JobCancelled
+	case failed:
+		p.State = JobFailed
+	default:
+		p.State = JobSucceeded
+	}
+	return p
+}

@@ -1,0 +1,161 @@
+package jobstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Write is one record write: a create (Rev 0) or a compare-and-set update
+// of the record at Rev.
+type Write struct {
+	Key string
+	Rev uint64
+	Msg *nats.Msg
+}
+
+const (
+	headerExpectedLastSubjSeq = "Nats-Expected-Last-Subject-Sequence"
+	headerTTL                 = "Nats-TTL"
+)
+
+// JobWrite encodes j (with its inline steps) as a write of job.<id>.
+func (s *Store) JobWrite(j *Job, rev uint64) Write {
+	key := protocol.JobKey(j.ID)
+	m := s.newMsg(key, rev)
+	m.Header.Set(protocol.HeaderRecordState, string(j.State))
+	m.Header.Set(protocol.HeaderRecordDesired, string(j.Desired))
+	m.Header.Set(protocol.HeaderRecordCreated, j.CreatedAt.UTC().Format(time.RFC3339Nano))
+	var lease time.Time
+	for _, st := range j.Steps {
+		if st.State == StepDispatched && (lease.IsZero() || st.LockedUntil.Before(lease)) {
+			lease = st.LockedUntil
+		}
+	}
+	setLease(m, lease)
+	if j.State.Terminal() {
+		s.setTTL(m)
+	}
+	m.Data, _ = json.Marshal(j) // a Job always encodes
+	return Write{Key: key, Rev: rev, Msg: m}
+}
+
+// StepWrite encodes st as a write of step.<job>.<step>.
+func (s *Store) StepWrite(st *Step, rev uint64) Write {
+	key := protocol.StepKey(st.JobID, st.ID)
+	m := s.newMsg(key, rev)
+	m.Header.Set(protocol.HeaderRecordState, string(st.State))
+	m.Header.Set(protocol.HeaderRecordDesired, string(st.Desired))
+	if st.State == StepDispatched {
+		setLease(m, st.LockedUntil)
+	}
+	if st.State.Terminal() {
+		s.setTTL(m)
+	}
+	m.Data, _ = json.Marshal(st) // a Step always encodes
+	return Write{Key: key, Rev: rev, Msg: m}
+}
+
+func (s *Store) newMsg(key string, rev uint64) *nats.Msg {
+	m := nats.NewMsg("$KV." + protocol.BucketJobs + "." + key)
+	m.Header.Set(headerExpectedLastSubjSeq, strconv.FormatUint(rev, 10))
+	return m
+}
+
+func setLease(m *nats.Msg, lease time.Time) {
+	if !lease.IsZero() {
+		m.Header.Set(protocol.HeaderRecordLockedUntil, lease.UTC().Format(time.RFC3339Nano))
+	}
+}
+
+func (s *Store) setTTL(m *nats.Msg) {
+	if s.retention > 0 {
+		m.Header.Set(headerTTL, s.retention.String())
+	}
+}
+
+// write publishes w and waits for its PubAck.
+func (s *Store) write(ctx context.Context, w Write) (uint64, error) {
+	ack, err := s.js.PublishMsg(ctx, w.Msg)
+	if err != nil {
+		return 0, writeError(w, err)
+	}
+	return ack.Sequence, nil
+}
+
+// writeError maps a failed write: a lost compare-and-set is ErrExists for
+// a create and ErrConflict for an update.
+func writeError(w Write, err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if w.Rev == 0 {
+			return fmt.Errorf("create %s: %w", w.Key, ErrExists)
+		}
+		return fmt.Errorf("update %s at revision %d: %w", w.Key, w.Rev, ErrConflict)
+	}
+	if w.Rev == 0 {
+		return fmt.Errorf("create %s: %w", w.Key, err)
+	}
+	return fmt.Errorf("update %s: %w", w.Key, err)
+}
+
+// Batch pipelines writes: Add publishes at once without waiting, Wait
+// collects every PubAck. A caller acknowledges the input that caused the
+// writes only after Wait says they all landed.
+type Batch struct {
+	s       *Store
+	writes  []Write
+	futures []jetstream.PubAckFuture
+	errs    []error
+}
+
+// Batch starts a batch of pipelined writes.
+func (s *Store) Batch() *Batch { return &Batch{s: s} }
+
+// Add publishes w asynchronously and returns its index in the batch.
+func (b *Batch) Add(w Write) int {
+	f, err := b.s.js.PublishMsgAsync(w.Msg)
+	b.writes = append(b.writes, w)
+	b.futures = append(b.futures, f)
+	b.errs = append(b.errs, err)
+	return len(b.writes) - 1
+}
+
+// Len is the number of writes added.
+func (b *Batch) Len() int { return len(b.writes) }
+
+// Result is the outcome of one write of a batch.
+type Result struct {
+	Rev uint64
+	Err error
+}
+
+// Wait waits for every write's PubAck (or ctx) and returns their outcomes
+// in the order they were added.
+func (b *Batch) Wait(ctx context.Context) []Result {
+	out := make([]Result, len(b.writes))
+	for i, f := range b.futures {
+		if b.errs[i] != nil {
+			out[i].Err = writeError(b.writes[i], b.errs[i])
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			out[i].Rev = ack.Sequence
+		case err := <-f.Err():
+			out[i].Err = writeError(b.writes[i], err)
+		case <-ctx.Done():
+			out[i].Err = writeError(b.writes[i], ctx.Err())
+		}
+	}
+	return out
+}

@@ -1,0 +1,109 @@
+package natsconn
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// DefaultURL is used when neither a flag nor NATS_URL names a server.
+const DefaultURL = "nats://127.0.0.1:4222"
+
+// Options say where and how to connect.
+type Options struct {
+	// URL of the server(s), comma separated. Defaults to NATS_URL, then DefaultURL.
+	URL string `yaml:"server"`
+	// Creds is a credentials file. Defaults to NATS_CREDS.
+	Creds string `yaml:"creds"`
+	// CA is the PEM file of the CA that signed the servers' certificates
+	// (a TLS deployment). Defaults to NATS_CA.
+	CA string `yaml:"ca"`
+	// InboxPrefix is the connection's inbox prefix. Defaults to
+	// NATS_INBOX_PREFIX, then the prefix the credential may subscribe to
+	// (its "_INBOX.<identity>.>" permission), then "_INBOX.<name>".
+	InboxPrefix string `yaml:"inbox_prefix"`
+	// Name is the connection name shown by the server.
+	Name string `yaml:"-"`
+}
+
+// WithEnv fills empty fields from NATS_URL and NATS_CREDS, then defaults.
+func (o Options) WithEnv() Options {
+	if o.URL == "" {
+		o.URL = os.Getenv("NATS_URL")
+	}
+	if o.URL == "" {
+		o.URL = DefaultURL
+	}
+	if o.Creds == "" {
+		o.Creds = os.Getenv("NATS_CREDS")
+	}
+	if o.CA == "" {
+		o.CA = os.Getenv("NATS_CA")
+	}
+	if o.InboxPrefix == "" {
+		o.InboxPrefix = os.Getenv("NATS_INBOX_PREFIX")
+	}
+	return o
+}
+
+// Connect opens a connection and a JetStream context.
+func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	o = o.WithEnv()
+	id, err := identify(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	t := &tracker{identity: id.name, log: log}
+	opts := []nats.Option{
+		nats.CustomInboxPrefix(id.inbox),
+		nats.ErrorHandler(t.asyncError),
+		nats.ClosedHandler(func(nc *nats.Conn) { trackers.Delete(nc) }),
+		nats.Name(o.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn().Err(err).Msg("nats disconnected")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("server", Redact(nc.ConnectedUrl())).Msg("nats reconnected")
+		}),
+	}
+	if o.Creds != "" {
+		opts = append(opts, nats.UserCredentials(o.Creds))
+	}
+	if o.CA != "" {
+		opts = append(opts, nats.RootCAs(o.CA))
+	}
+	nc, err := nats.Connect(o.URL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to nats at %s as %s: %w", Redact(o.URL), id.name, err)
+	}
+	trackers.Store(nc, t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// Redact hides the password of a server URL (user:pass@host) so URLs can be
+// logged.
+func Redact(raw string) string {
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}

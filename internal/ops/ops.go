@@ -1,0 +1,160 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Ops acts on one deployment.
+type Ops struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *jobstore.Store
+	now   func() time.Time
+	// replyTimeout bounds SubmitJob's wait for a scheduler's confirmation.
+	replyTimeout time.Duration
+}
+
+// New returns operators' actions over nc and store.
+func New(nc *nats.Conn, store *jobstore.Store) *Ops {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		// jetstream.New fails only on invalid options; there are none.
+		panic(err)
+	}
+	return &Ops{nc: nc, js: js, store: store, now: time.Now, replyTimeout: client.DefaultReplyTimeout}
+}
+
+// CancelReport says what a cancel did.
+type CancelReport = client.CancelReport
+
+// CancelJob is client.Cancel (one implementation for the CLI, the HTTP API
+// and programs). Its desired state becomes cancelled, durably, on
+// the job record; then the job's scheduler re-reads it and, in one turn,
+// cancels the steps not started, marks the running ones cancelled-desired
+// and tells their agents to stop. That turn is the cancel's effective time:
+// CancelJob returns after it, and no step is dispatched after it (a
+// scheduler holding an older copy of the job fails its next write, because
+// every unfinished step record changed, and re-reads). A running step ends
+// cancelled with its result, or when its lease ends if its agent never
+// answers. If no scheduler answers, CancelJob writes the steps' desired
+// state itself, so the cancel holds whichever scheduler comes next.
+// WaitJob waits for the job to end.
+func (o *Ops) CancelJob(ctx context.Context, jobID string) (CancelReport, error) {
+	return client.New(o.js, client.Options{}).Cancel(ctx, jobID)
+}
+
+// CancelJobCompensate cancels like CancelJob and then has the steps that
+// succeeded undone (issue 13's compensation).
+func (o *Ops) CancelJobCompensate(ctx context.Context, jobID string) (CancelReport, error) {
+	return client.New(o.js, client.Options{}).CancelCompensate(ctx, jobID)
+}
+
+// WaitJob waits until the job is terminal (or ctx ends) and returns it.
+func (o *Ops) WaitJob(ctx context.Context, jobID string, every time.Duration) (*jobstore.Job, error) {
+	for {
+		j, _, err := o.store.Job(ctx, jobID)
+		if err != nil {
+			return nil, err
+		}
+		if j.State.Terminal() {
+			return j, nil
+		}
+		select {
+		case <-ctx.Done():
+			return j, ctx.Err()
+		case <-time.After(every):
+		}
+	}
+}
+
+// RetryJob reopens a finished job's failed, dead-lettered and cancelled
+// steps with a fresh attempt budget (and the steps skipped because of them).
+func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
+	if !protocol.ValidToken(jobID) {
+		return nil, Errorf(CodeNotFound, "job %q: not found", jobID)
+	}
+	job, _, err := o.store.Job(ctx, jobID)
+	if err != nil {
+		return nil, err
+	}
+	if !job.State.Terminal() {
+		return nil, fmt.Errorf("%w: job %s is %s: only a finished job can be retried", dlq.ErrWrongState, jobID, job.State)
+	}
+	var reopened []string
+	steps, err := o.store.Steps(ctx, job)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range steps {
+		switch s.State {
+		case jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled:
+		default:
+			continue
+		}
+		if err := dlq.Reopen(ctx, o.store, jobID, s.ID, o.now().UTC()); err != nil {
+			return reopened, err
+		}
+		reopened = append(reopened, s.ID)
+	}
+	if len(reopened) == 0 {
+		return nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", dlq.ErrWrongState, jobID)
+	}
+	dlq.Kick(ctx, o.nc, jobID)
+	return reopened, nil
+}
+
+// DrainAgent tells an agent to take no new tasks; running ones finish.
+func (o *Ops) DrainAgent(ctx context.Context, pool, agent string) error {
+	return o.agentRequest(ctx, pool, agent, protocol.Control{Op: protocol.ControlDrain})
+}
+
+// UndrainAgent tells a drained agent to take tasks again.
+func (o *Ops) UndrainAgent(ctx context.Context, pool, agent string) error {
+	return o.agentRequest(ctx, pool, agent, protocol.Control{Op: protocol.ControlUndrain})
+}
+
+// LimitAgent sets how many tasks an agent runs at once (at most its
+// max_concurrent); 0 restores max_concurrent.
+func (o *Ops) LimitAgent(ctx context.Context, pool, agent string, n int) error {
+	return o.agentRequest(ctx, pool, agent, protocol.Control{Op: protocol.ControlLimit, Value: n})
+}
+
+// FailoverAgent asks the supervisor leader to move an agent's queued tasks
+// to other agents now. Drain the agent first if it is alive.
+func (o *Ops) FailoverAgent(ctx context.Context, pool, agent string) (string, error) {
+	if !protocol.ValidToken(pool) || !protocol.ValidToken(agent) {
+		return "", Errorf(CodeInvalid, "agent %q of pool %q: not a valid id", agent, pool)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := o.nc.RequestWithContext(rctx, protocol.SubjectControlFailover, []byte(protocol.PresenceKey(pool, agent)))
+	if err != nil {
+		return "", &Error{Code: CodeUnavailable, Msg: "no supervisor leader answered", Err: err}
+	}
+	return protocol.ParseReply(m.Data)
+}
+
+func (o *Ops) agentRequest(ctx context.Context, pool, agent string, c protocol.Control) error {
+	b, _ := json.Marshal(c)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	m, err := o.nc.RequestWithContext(rctx, protocol.AgentControlSubject(pool, agent), b)
+	if err != nil {
+		return &Error{Code: CodeUnavailable, Msg: fmt.Sprintf("agent %s.%s did not answer", pool, agent), Err: err}
+	}
+	if _, err := protocol.ParseReply(m.Data); err != nil {
+		return fmt.Errorf("agent %s.%s: %w", pool, agent, err)
+	}
+	return nil
+}

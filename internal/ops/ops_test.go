@@ -1,0 +1,199 @@
+package ops_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/streams"
+)
+
+// TestCodes: one classification gives the CLI exit code, the HTTP status
+// and the micro error code.
+func TestCodes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		err    error
+		code   ops.Code
+		exit   int
+		status int
+	}{
+		{fmt.Errorf("x: %w", spec.ErrInvalid), ops.CodeInvalid, 2, 400},
+		{jobstore.ErrBadCursor, ops.CodeInvalid, 2, 400},
+		{fmt.Errorf("x: %w", client.ErrRejected), ops.CodeRejected, 2, 400},
+		{fmt.Errorf("x: %w", ops.ErrFinished), ops.CodeConflict, 2, 409},
+		{dlq.ErrWrongState, ops.CodeConflict, 2, 409},
+		{jobstore.ErrConflict, ops.CodeConflict, 2, 409},
+		{fmt.Errorf("x: %w", jobstore.ErrNotFound), ops.CodeNotFound, 3, 404},
+		{dlq.ErrNotFound, ops.CodeNotFound, 3, 404},
+		{client.ErrNotFound, ops.CodeNotFound, 3, 404},
+		{context.DeadlineExceeded, ops.CodeTimeout, 4, 504},
+		{nats.ErrNoResponders, ops.CodeUnavailable, 4, 503},
+		{jetstream.ErrStreamNotFound, ops.CodeUnavailable, 4, 503},
+		{errors.New("boom"), ops.CodeInternal, 4, 500},
+		{fmt.Errorf("agent: %w", protocol.NewReplyError(protocol.CodeNotFound, "no step")), ops.CodeNotFound, 3, 404},
+		{protocol.NewReplyError(protocol.CodeInvalidRequest, "bad"), ops.CodeInvalid, 2, 400},
+		{ops.Errorf(ops.CodeForbidden, "no"), ops.CodeForbidden, 4, 403},
+		{ops.Errorf(ops.CodeUnauthenticated, "no"), ops.CodeUnauthenticated, 4, 401},
+		{ops.Errorf(ops.CodeTooLarge, "no"), ops.CodeTooLarge, 2, 413},
+	}
+	for _, c := range cases {
+		got := ops.CodeOf(c.err)
+		if got != c.code || got.ExitCode() != c.exit || got.HTTPStatus() != c.status {
+			t.Errorf("%v: %s exit %d status %d, want %s %d %d", c.err, got, got.ExitCode(), got.HTTPStatus(), c.code, c.exit, c.status)
+		}
+	}
+	if ops.CodeOf(nil) != "" {
+		t.Error("nil has a code")
+	}
+	wrapped := fmt.Errorf("outer: %w", ops.Errorf(ops.CodeNotFound, "job %s: %w", "x", jobstore.ErrNotFound))
+	if ops.CodeOf(wrapped) != ops.CodeNotFound || !errors.Is(wrapped, jobstore.ErrNotFound) {
+		t.Errorf("wrapped *ops.Error: %s", ops.CodeOf(wrapped))
+	}
+}
+
+// serviceInfos asks every micro service for its info ($SRV.INFO) and
+// returns them by name once want services answered.
+func serviceInfos(t *testing.T, nc *nats.Conn, want ...string) map[string]micro.Info {
+	t.Helper()
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	subj, _ := micro.ControlSubject(micro.InfoVerb, "", "")
+	if err := nc.PublishRequest(subj, inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]micro.Info{}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		missing := false
+		for _, w := range want {
+			if _, ok := got[w]; !ok {
+				missing = true
+			}
+		}
+		if !missing {
+			return got
+		}
+		m, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			t.Fatalf("services answering $SRV.INFO: %v; want %v (%v)", keys(got), want, err)
+		}
+		var info micro.Info
+		if err := json.Unmarshal(m.Data, &info); err != nil {
+			t.Fatal(err)
+		}
+		got[info.Name] = info
+	}
+}
+
+func keys(m map[string]micro.Info) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestMicroServices lists the scheduler's, supervisor's and API's micro
+// services through the micro API (what `nats micro ls` does), calls a read
+// endpoint, and checks an error carries the stable code and counts in the
+// endpoint's stats.
+func TestMicroServices(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range []string{ops.ServiceScheduler, ops.ServiceSupervisor} {
+		if err := ops.StartService(c, nc, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := jobstore.Open(c, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := ops.RegisterMicro(nc, ops.New(nc, st), ops.ServiceAPI, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }()
+
+	infos := serviceInfos(t, nc, "warden-api", "warden-scheduler", "warden-supervisor")
+	endpoints := func(name string) map[string]string {
+		out := map[string]string{}
+		for _, e := range infos[name].Endpoints {
+			out[e.Name] = e.Subject
+		}
+		return out
+	}
+	api, sched := endpoints("warden-api"), endpoints("warden-scheduler")
+	if api["jobs_list"] != "warden.ops.api.jobs.list" || api["admin_dlq_retry"] != "warden.ops.api.admin.dlq.retry" {
+		t.Fatalf("warden-api endpoints: %v", api)
+	}
+	if sched["jobs_list"] != "warden.ops.scheduler.jobs.list" || sched["admin_jobs_cancel"] != "" {
+		t.Fatalf("warden-scheduler endpoints (read only): %v", sched)
+	}
+	t.Logf("warden-api: %d endpoints, warden-scheduler: %d, warden-supervisor: %d", len(api), len(sched), len(endpoints("warden-supervisor")))
+
+	// A read.
+	m, err := nc.Request("warden.ops.scheduler.jobs.list", []byte(`{"limit": 5}`), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page ops.JobsPage
+	if err := json.Unmarshal(m.Data, &page); err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+		t.Fatalf("jobs.list: %s %v %v", m.Data, m.Header, err)
+	}
+	// An error: not found, with the API's error shape.
+	m, err = nc.Request("warden.ops.api.jobs.show", []byte(`{"id": "job-nope"}`), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get(micro.ErrorCodeHeader) != fmt.Sprint(http.StatusNotFound) || !json.Valid(m.Data) {
+		t.Fatalf("jobs.show of a missing job: %v %s", m.Header, m.Data)
+	}
+	var e struct {
+		Error struct{ Code ops.Code } `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &e); e.Error.Code != ops.CodeNotFound {
+		t.Fatalf("error body %s", m.Data)
+	}
+	for _, es := range svc.Stats().Endpoints {
+		if es.Name == "jobs_show" && es.NumErrors != 1 {
+			t.Fatalf("jobs_show stats: %+v", es)
+		}
+	}
+}
+
+func TestErrorText(t *testing.T) {
+	t.Parallel()
+	if got := ops.Errorf(ops.CodeNotFound, "job %s: %w", "x", jobstore.ErrNotFound).Error(); got != "job x: not found" {
+		t.Errorf("Errorf: %q", got)
+	}
+	if got := (&ops.Error{Code: ops.CodeInvalid, Msg: "malformed JSON", Err: errors.New("eof")}).Error(); got != "malformed JSON: eof" {
+		t.Errorf("Error: %q", got)
+	}
+}

@@ -1,0 +1,153 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ratelimit"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+func setup(t *testing.T, n int, cfg ratelimit.Config, opts ...ratelimit.Option) []*ratelimit.Limiter {
+	t.Helper()
+	srv := natstest.New(t)
+	ctx := context.Background()
+	var out []*ratelimit.Limiter
+	for i := range n {
+		_, js := srv.Connect(t)
+		if i == 0 {
+			if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l, err := ratelimit.New(ctx, js, cfg, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func TestBurstAndSpacing(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	cfg := ratelimit.Config{"api": {Limit: 10, Interval: protocol.Duration(time.Second), Burst: 3}}
+	ls := setup(t, 2, cfg, ratelimit.WithClock(clock))
+	ctx := context.Background()
+	allow := func(i int, key string) (bool, time.Time) {
+		ok, at, err := ls[i%2].Allow(ctx, "api", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok, at
+	}
+	for i := range 3 {
+		if ok, _ := allow(i, ""); !ok {
+			t.Fatalf("grant %d of the burst of 3 refused", i+1)
+		}
+	}
+	ok, at := allow(1, "")
+	if ok {
+		t.Fatal("a fourth grant at once with burst 3")
+	}
+	if want := now.Add(100 * time.Millisecond); !at.Equal(want) {
+		t.Fatalf("retry at %v, want %v (one emission interval)", at, want)
+	}
+	advance(100 * time.Millisecond)
+	if ok, _ := allow(0, ""); !ok {
+		t.Fatal("refused at the retry time")
+	}
+	if ok, _ := allow(1, ""); ok {
+		t.Fatal("granted twice in one emission interval")
+	}
+	// Keys are independent.
+	if ok, _ := allow(0, "customer-42"); !ok {
+		t.Fatal("another key refused")
+	}
+	if _, _, err := ls[0].Allow(ctx, "nope", ""); !errors.Is(err, ratelimit.ErrUnknownLimit) {
+		t.Fatalf("unknown limit: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cfg  ratelimit.Config
+		want string
+	}{
+		{ratelimit.Config{"a": {Limit: 0}}, "rate_limits.a.limit must be at least 1"},
+		{ratelimit.Config{"a.b": {Limit: 1}}, "may contain only"},
+		{ratelimit.Config{"a": {Limit: 2, Burst: 3}}, "rate_limits.a.burst must be at most limit"},
+	} {
+		if err := c.cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}
+
+// TestFiftyPerSecondAcrossTwoSchedulers: 8 callers on each of two
+// schedulers ask as fast as the limiter lets them for 10 s; the grants must
+// stay at 50/s within 10% (never more than burst + 50/s × elapsed).
+func TestFiftyPerSecondAcrossTwoSchedulers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s")
+	}
+	t.Parallel()
+	const rate, window = 50, 10 * time.Second
+	cfg := ratelimit.Config{"crm": {Limit: rate, Interval: protocol.Duration(time.Second)}}
+	ls := setup(t, 2, cfg)
+	var grants [2]atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), window)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range 16 {
+		l := ls[w%2]
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				ok, at, err := l.Allow(ctx, "crm", "")
+				switch {
+				case errors.Is(err, ratelimit.ErrConflict):
+				case err != nil:
+					if ctx.Err() == nil {
+						t.Error(err)
+					}
+					return
+				case ok:
+					grants[w%2].Add(1)
+				default:
+					select {
+					case <-ctx.Done():
+					case <-time.After(time.Until(at)):
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	total := grants[0].Load() + grants[1].Load()
+	upper := 5 + int64(rate*elapsed.Seconds()) // default burst: a tenth of 50
+	t.Logf("%d grants in %s across two schedulers (%d + %d): %.1f/s, limit %d/s",
+		total, elapsed.Round(time.Millisecond), grants[0].Load(), grants[1].Load(), float64(total)/elapsed.Seconds(), rate)
+	if total > upper {
+		t.Fatalf("%d grants, more than burst + %d/s × %s = %d", total, rate, elapsed, upper)
+	}
+	if float64(total) < 0.9*rate*window.Seconds() {
+		t.Fatalf("%d grants, under 90%% of %d/s × %s", total, rate, window)
+	}
+	if grants[0].Load() == 0 || grants[1].Load() == 0 {
+		t.Fatal("one scheduler got no grants")
+	}
+}

@@ -1,0 +1,219 @@
+package schedule
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Expr is a parsed schedule expression: a cron expression or an interval.
+type Expr interface {
+	// Next is the first tick strictly after t.
+	Next(t time.Time) time.Time
+	String() string
+}
+
+// Parse reads a schedule expression:
+//   - five cron fields "min hour day-of-month month day-of-week", or six
+//     with seconds first; each field takes *, a value, a range a-b, a step
+//     (*/n, a-b/n) and lists; months and weekdays also by name (jan, mon);
+//     day-of-week 0 and 7 are Sunday; when both day fields are restricted
+//     a day matches either (as in Vixie cron);
+//   - @yearly (@annually), @monthly, @weekly, @daily (@midnight), @hourly;
+//   - @every <duration> (at least 1s), ticking at anchor + k × duration.
+//
+// Cron times are in loc (UTC when nil).
+func Parse(s string, anchor time.Time, loc *time.Location) (Expr, error) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	s = strings.TrimSpace(s)
+	if rest, ok := strings.CutPrefix(s, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err != nil {
+			return nil, fmt.Errorf("schedule %q: %w", s, err)
+		}
+		if d < time.Second {
+			return nil, fmt.Errorf("schedule %q: an interval must be at least 1s", s)
+		}
+		return every{d: d, anchor: anchor.Truncate(time.Second)}, nil
+	}
+	switch s {
+	case "@yearly", "@annually":
+		s = "0 0 1 1 *"
+	case "@monthly":
+		s = "0 0 1 * *"
+	case "@weekly":
+		s = "0 0 * * 0"
+	case "@daily", "@midnight":
+		s = "0 0 * * *"
+	case "@hourly":
+		s = "0 * * * *"
+	}
+	f := strings.Fields(s)
+	if len(f) == 5 {
+		f = append([]string{"0"}, f...)
+	}
+	if len(f) != 6 {
+		return nil, fmt.Errorf("schedule %q: want 5 cron fields (6 with seconds), @hourly and friends, or @every <duration>", s)
+	}
+	c := cron{src: s, loc: loc}
+	var err error
+	specs := []struct {
+		dst      *uint64
+		name     string
+		min, max int
+		names    []string
+	}{
+		{&c.sec, "second", 0, 59, nil},
+		{&c.min, "minute", 0, 59, nil},
+		{&c.hour, "hour", 0, 23, nil},
+		{&c.dom, "day of month", 1, 31, nil},
+		{&c.month, "month", 1, 12, months},
+		{&c.dow, "day of week", 0, 7, weekdays},
+	}
+	for i, sp := range specs {
+		if *sp.dst, err = field(f[i], sp.min, sp.max, sp.names); err != nil {
+			return nil, fmt.Errorf("schedule %q: %s field %q: %w", s, sp.name, f[i], err)
+		}
+	}
+	if c.dow&(1<<7) != 0 {
+		c.dow |= 1 // 7 is Sunday too
+	}
+	c.domStar, c.dowStar = f[3] == "*" || f[3] == "?", f[5] == "*" || f[5] == "?"
+	if c.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, loc)).IsZero() {
+		return nil, fmt.Errorf("schedule %q never fires", s)
+	}
+	return c, nil
+}
+
+var (
+	months   = []string{"", "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"}
+	weekdays = []string{"sun", "mon", "tue", "wed", "thu", "fri", "sat"}
+)
+
+// field parses one cron field into a bit set.
+func field(s string, lo, hi int, names []string) (uint64, error) {
+	var bits uint64
+	for part := range strings.SplitSeq(s, ",") {
+		rng, stepStr, hasStep := strings.Cut(part, "/")
+		step := 1
+		if hasStep {
+			n, err := strconv.Atoi(stepStr)
+			if err != nil || n < 1 {
+				return 0, fmt.Errorf("bad step %q", stepStr)
+			}
+			step = n
+		}
+		a, b := lo, hi
+		switch {
+		case rng == "*" || rng == "?":
+		default:
+			as, bs, isRange := strings.Cut(rng, "-")
+			var err error
+			if a, err = value(as, lo, hi, names); err != nil {
+				return 0, err
+			}
+			b = a
+			if isRange {
+				if b, err = value(bs, lo, hi, names); err != nil {
+					return 0, err
+				}
+				if b < a {
+					return 0, fmt.Errorf("range %q ends before it starts", rng)
+				}
+			} else if hasStep {
+				b = hi
+			}
+		}
+		for v := a; v <= b; v += step {
+			bits |= 1 << uint(v)
+		}
+	}
+	return bits, nil
+}
+
+func value(s string, lo, hi int, names []string) (int, error) {
+	for i, n := range names {
+		if n != "" && strings.EqualFold(s, n) {
+			return i, nil
+		}
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", s)
+	}
+	if v < lo || v > hi {
+		return 0, fmt.Errorf("%d is outside %d-%d", v, lo, hi)
+	}
+	return v, nil
+}
+
+type cron struct {
+	src                             string
+	loc                             *time.Location
+	sec, min, hour, dom, month, dow uint64
+	domStar, dowStar                bool
+}
+
+func (c cron) String() string { return c.src }
+
+func (c cron) dayMatches(t time.Time) bool {
+	d, w := c.dom&(1<<uint(t.Day())) != 0, c.dow&(1<<uint(t.Weekday())) != 0
+	switch {
+	case c.domStar && c.dowStar:
+		return true
+	case c.domStar:
+		return w
+	case c.dowStar:
+		return d
+	}
+	return d || w
+}
+
+// Next walks forward field by field (the classic approach); it gives up
+// after five years, returning the zero time, for expressions like Feb 30.
+func (c cron) Next(after time.Time) time.Time {
+	t := after.In(c.loc).Truncate(time.Second).Add(time.Second)
+	limit := t.AddDate(5, 0, 0)
+	for t.Before(limit) {
+		if c.month&(1<<uint(t.Month())) == 0 {
+			t = time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, c.loc)
+			continue
+		}
+		if !c.dayMatches(t) {
+			t = time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, c.loc)
+			continue
+		}
+		if c.hour&(1<<uint(t.Hour())) == 0 {
+			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour()+1, 0, 0, 0, c.loc)
+			continue
+		}
+		if c.min&(1<<uint(t.Minute())) == 0 {
+			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute()+1, 0, 0, c.loc)
+			continue
+		}
+		if c.sec&(1<<uint(t.Second())) == 0 {
+			t = t.Add(time.Second)
+			continue
+		}
+		return t
+	}
+	return time.Time{}
+}
+
+type every struct {
+	d      time.Duration
+	anchor time.Time
+}
+
+func (e every) String() string { return "@every " + e.d.String() }
+
+func (e every) Next(after time.Time) time.Time {
+	if after.Before(e.anchor) {
+		return e.anchor
+	}
+	k := after.Sub(e.anchor)/e.d + 1
+	return e.anchor.Add(k * e.d)
+}

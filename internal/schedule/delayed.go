@@ -1,0 +1,45 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// PublishDelayed publishes a submission of job (msg, addressed to
+// warden.submit.<job>, with its headers and spec) so that it reaches the
+// scheduler at `at` and not before: it goes to warden.delay.<job> as a
+// one-shot JetStream message schedule that the server releases onto
+// warden.submit.<job> at that time. The PubAck is the durable acceptance,
+// as for an immediate submission; Nats-Msg-Id still deduplicates. A time
+// already past publishes msg at once.
+func PublishDelayed(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, at time.Time) (*jetstream.PubAck, error) {
+	job, ok := strings.CutPrefix(msg.Subject, protocol.SubjectSubmit+".")
+	if !ok || !protocol.ValidToken(job) {
+		return nil, fmt.Errorf("delayed submission: subject %q is not %s.<job>", msg.Subject, protocol.SubjectSubmit)
+	}
+	if !at.After(time.Now()) {
+		return js.PublishMsg(ctx, msg)
+	}
+	d := nats.NewMsg(protocol.DelaySubject(job))
+	d.Data = msg.Data
+	for k, v := range msg.Header {
+		d.Header[k] = v
+	}
+	d.Header.Set(protocol.HeaderNatsSchedule, "@at "+at.UTC().Format(time.RFC3339Nano))
+	d.Header.Set(protocol.HeaderNatsScheduleTarget, msg.Subject)
+	return js.PublishMsg(ctx, d)
+}
+
+// Released reports whether a submission was released by a message
+// schedule (a delayed submission or a schedule's tick) rather than
+// published directly: the scheduler must not delay it again.
+func Released(h nats.Header) bool {
+	return h.Get(protocol.HeaderNatsScheduler) != "" || h.Get(protocol.HeaderScheduleTick) != ""
+}

@@ -1,0 +1,33 @@
+// Package schedule owns delayed and recurring jobs, built on JetStream
+// message schedules (nats-server 2.12+) rather than polling loops.
+//
+// Delayed jobs (run_at, delay): the submission is published to
+// warden.delay.<job> in WARDEN_SUBMIT with "Nats-Schedule: @at <time>"
+// and target warden.submit.<job>. The server holds it and releases it onto
+// the job's submit subject at that time, so no Warden process keeps a
+// timer and a restart of anything loses nothing. See PublishDelayed.
+//
+// Recurring jobs: a schedule is three subjects in WARDEN_SCHEDULES:
+//   - warden.schedule.def.<name>: the definition (expression, catch-up
+//     policy, grace, the job spec);
+//   - warden.schedule.timer.<name>: a one-shot message schedule for the
+//     next tick, carrying the tick's time in Warden-Schedule-Tick;
+//   - warden.schedule.tick.<name>: where the server puts the fired tick.
+//
+// Every scheduler runs a Relay on one shared durable consumer of the
+// ticks. For a tick due at T it submits the job <name>-<unix T> (job id and
+// Nats-Msg-Id are the same on every retry, so a redelivered tick or two
+// relays racing make one job) and then arms the timer for the next tick
+// after max(T, now). Only then is the tick acked; a relay that dies midway
+// leaves the tick to be redelivered.
+//
+// Guarantees:
+//   - at most one job per tick, whatever the number of schedulers, their
+//     restarts and redeliveries (the job id is the tick);
+//   - a tick fires while any scheduler runs: the timer is durable in the
+//     stream, and a Relay arms a missing timer at start (Reconcile);
+//   - ticks missed while nothing could handle them (no scheduler, or the
+//     NATS server down) collapse into one overdue tick, which the catch-up
+//     policy runs (run_once) or drops (skip); a tick is overdue when it is
+//     handled more than its grace after it was due.
+package schedule

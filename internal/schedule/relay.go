@@ -1,0 +1,230 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// RelayConsumer is the durable consumer every scheduler's Relay shares.
+const RelayConsumer = "schedule-relay"
+
+// Relay turns fired ticks into submissions and arms the next tick. Run one
+// in every scheduler; they share one durable consumer.
+type Relay struct {
+	js     jetstream.JetStream
+	store  *Store
+	events *events.Publisher
+	log    zerolog.Logger
+	now    func() time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	cc     jetstream.ConsumeContext
+	// streams are the deployment's stream options (replicas).
+	streams streams.Options
+}
+
+// RelayOption configures a Relay.
+type RelayOption func(*Relay)
+
+// WithLogger sets the logger.
+func WithLogger(l zerolog.Logger) RelayOption { return func(r *Relay) { r.log = l } }
+
+// WithClock sets the clock (tests).
+func WithClock(now func() time.Time) RelayOption { return func(r *Relay) { r.now = now } }
+
+// WithStreams sets the deployment's stream options (replicas) the
+// schedules stream is ensured with. Defaults to streams.Options{} (R1).
+func WithStreams(o streams.Options) RelayOption { return func(r *Relay) { r.streams = o } }
+
+// NewRelay returns a relay on js; Start runs it.
+func NewRelay(js jetstream.JetStream, opts ...RelayOption) *Relay {
+	r := &Relay{js: js, events: events.NewPublisher(js), log: zerolog.Nop(), now: time.Now}
+	for _, o := range opts {
+		o(r)
+	}
+	r.log = r.log.With().Str("component", "schedule").Logger()
+	return r
+}
+
+// Start ensures the schedules stream, arms the timers of schedules that
+// have none, and consumes ticks until Stop or ctx ends.
+func (r *Relay) Start(ctx context.Context) error {
+	if err := streams.EnsureWorkflow(ctx, r.js, r.streams); err != nil {
+		return err
+	}
+	st, err := NewStore(ctx, r.js)
+	if err != nil {
+		return err
+	}
+	st.now = r.now
+	r.store = st
+	if err := r.Reconcile(ctx); err != nil {
+		return err
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, streams.StreamSchedules, jetstream.ConsumerConfig{
+		Durable:       RelayConsumer,
+		Description:   "Shared by every scheduler: fired schedule ticks, relayed to warden.submit.",
+		FilterSubject: protocol.ScheduleTickSubject("*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxAckPending: 256,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", RelayConsumer, err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	r.done = make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) { r.handle(rctx, m) })
+	if err != nil {
+		cancel()
+		return fmt.Errorf("consume ticks: %w", err)
+	}
+	r.mu.Lock()
+	r.cc = cc
+	r.mu.Unlock()
+	go func() {
+		defer close(r.done)
+		select {
+		case <-ctx.Done():
+		case <-rctx.Done():
+		}
+		cc.Stop()
+		<-cc.Closed()
+	}()
+	return nil
+}
+
+// Stop stops consuming and waits until the handler in progress is done.
+func (r *Relay) Stop() {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+}
+
+// Reconcile arms a timer for every schedule that has none (a timer lost
+// between a tick and its re-arming, or a definition written by hand).
+func (r *Relay) Reconcile(ctx context.Context) error {
+	entries, err := r.store.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Next.IsZero() {
+			continue
+		}
+		x, err := e.Validate()
+		if err != nil {
+			r.log.Warn().Err(err).Str("schedule", e.Name).Msg("invalid schedule definition left alone")
+			continue
+		}
+		next := x.Next(r.now())
+		if err := arm(ctx, r.js, e.Name, e.Rev, next); err != nil {
+			return err
+		}
+		r.log.Info().Str("schedule", e.Name).Time("next", next).Msg("armed a schedule that had no timer")
+	}
+	return nil
+}
+
+// handle relays one tick. Errors leave the tick unacked (nak with a delay)
+// so that it is handled again; everything it does is idempotent.
+func (r *Relay) handle(ctx context.Context, m jetstream.Msg) {
+	name := strings.TrimPrefix(m.Subject(), protocol.ScheduleTickSubject(""))
+	log := r.log.With().Str("schedule", name).Logger()
+	if err := r.relay(ctx, name, m.Headers()); err != nil {
+		log.Warn().Err(err).Msg("tick not relayed; it will be redelivered")
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	_ = m.Ack()
+}
+
+func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
+	tick, err := time.Parse(time.RFC3339Nano, h.Get(protocol.HeaderScheduleTick))
+	if err != nil {
+		r.log.Warn().Str("schedule", name).Msg("tick without a valid Warden-Schedule-Tick header dropped")
+		return nil
+	}
+	rev, _ := strconv.ParseUint(h.Get(protocol.HeaderScheduleRev), 10, 64)
+	e, err := r.store.Get(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil // removed: the tick dies with it
+	}
+	if err != nil {
+		return err
+	}
+	if e.Rev != rev {
+		return nil // replaced: the new definition armed its own timer
+	}
+	x, err := e.Validate()
+	if err != nil {
+		r.log.Warn().Err(err).Str("schedule", name).Msg("invalid schedule definition: tick dropped")
+		return nil
+	}
+	now := r.now()
+	late := now.Sub(tick)
+	overdue := late > e.grace(x, tick)
+	job := JobID(name, tick)
+	switch {
+	case overdue && e.Catchup == CatchupSkip:
+		r.log.Info().Str("schedule", name).Time("tick", tick).Dur("late", late).Msg("overdue tick skipped (catchup: skip)")
+		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late)
+	default:
+		if err := r.submit(ctx, e, job, tick); err != nil {
+			return err
+		}
+		r.log.Debug().Str("schedule", name).Str("job", job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
+		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late)
+	}
+	return arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
+}
+
+// submit publishes the tick's job. The job id and Nats-Msg-Id are the
+// tick's, so a second submission of the same tick makes no second job.
+func (r *Relay) submit(ctx context.Context, e Entry, job string, tick time.Time) error {
+	msg := nats.NewMsg(protocol.SubmitSubject(job))
+	msg.Data = []byte(e.Spec)
+	msg.Header.Set(protocol.HeaderJobID, job)
+	msg.Header.Set(protocol.HeaderMsgID, job)
+	msg.Header.Set(protocol.HeaderSchedule, e.Name)
+	msg.Header.Set(protocol.HeaderScheduleTick, tick.UTC().Format(time.RFC3339Nano))
+	if _, err := r.js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("submit %s: %w", job, err)
+	}
+	return nil
+}
+
+func (r *Relay) event(ctx context.Context, kind protocol.EventKind, name, job string, tick time.Time, late time.Duration) {
+	ev := protocol.Event{Kind: kind, ID: job, JobID: job, Data: map[string]string{
+		"schedule": name, "tick": tick.UTC().Format(time.RFC3339Nano), "late": late.Round(time.Millisecond).String(),
+	}}
+	if err := r.events.Publish(ctx, ev); err != nil {
+		r.log.Warn().Err(err).Str("schedule", name).Msg("schedule event not published")
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

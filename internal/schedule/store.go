@@ -1,0 +1,164 @@
+package schedule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// Store reads and writes schedule definitions and arms their timers.
+type Store struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	now    func() time.Time
+}
+
+// NewStore opens WARDEN_SCHEDULES (streams.EnsureWorkflow creates it).
+func NewStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
+	st, err := js.Stream(ctx, streams.StreamSchedules)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", streams.StreamSchedules, err)
+	}
+	return &Store{js: js, stream: st, now: time.Now}, nil
+}
+
+// ErrExists is returned by Add when the name is taken and replace is false.
+var ErrExists = errors.New("schedule exists")
+
+// ErrNotFound is returned for a schedule that does not exist.
+var ErrNotFound = errors.New("schedule not found")
+
+// Add stores d and arms its first tick, returning when that is. With
+// replace, an existing schedule of the same name is replaced (its pending
+// tick is dropped).
+func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time, error) {
+	if d.CreatedAt.IsZero() {
+		d.CreatedAt = s.now().UTC()
+	}
+	e, err := d.Validate()
+	if err != nil {
+		return time.Time{}, err
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		return time.Time{}, err
+	}
+	msg := nats.NewMsg(protocol.ScheduleDefSubject(d.Name))
+	msg.Data = b
+	var opts []jetstream.PublishOpt
+	if !replace {
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(0))
+	}
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return time.Time{}, fmt.Errorf("%w: %s (remove it first, or replace it)", ErrExists, d.Name)
+		}
+		return time.Time{}, fmt.Errorf("store schedule %s: %w", d.Name, err)
+	}
+	next := e.Next(s.now())
+	if err := arm(ctx, s.js, d.Name, ack.Sequence, next); err != nil {
+		return time.Time{}, err
+	}
+	return next, nil
+}
+
+// arm publishes the one-shot message schedule that fires the tick at t.
+// The timer subject holds one message, so arming again replaces it.
+func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t time.Time) error {
+	msg := nats.NewMsg(protocol.ScheduleTimerSubject(name))
+	msg.Header.Set(protocol.HeaderNatsSchedule, "@at "+t.UTC().Format(time.RFC3339Nano))
+	msg.Header.Set(protocol.HeaderNatsScheduleTarget, protocol.ScheduleTickSubject(name))
+	msg.Header.Set(protocol.HeaderSchedule, name)
+	msg.Header.Set(protocol.HeaderScheduleTick, t.UTC().Format(time.RFC3339Nano))
+	msg.Header.Set(protocol.HeaderScheduleRev, strconv.FormatUint(rev, 10))
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("arm schedule %s for %s: %w", name, t.Format(time.RFC3339), err)
+	}
+	return nil
+}
+
+// Entry is a schedule as listed.
+type Entry struct {
+	Definition
+	// Rev is the definition's stream sequence.
+	Rev uint64 `json:"rev"`
+	// Next is when the armed timer fires (zero if none is armed).
+	Next time.Time `json:"next,omitzero"`
+	// LastTick is the last tick that fired (zero if none yet).
+	LastTick time.Time `json:"last_tick,omitzero"`
+}
+
+// Get returns the schedule name.
+func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
+	m, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleDefSubject(name))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Entry{}, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("read schedule %s: %w", name, err)
+	}
+	var e Entry
+	if err := json.Unmarshal(m.Data, &e.Definition); err != nil {
+		return Entry{}, fmt.Errorf("decode schedule %s: %w", name, err)
+	}
+	e.Rev = m.Sequence
+	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTimerSubject(name)); err == nil {
+		e.Next, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleTick))
+	}
+	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTickSubject(name)); err == nil {
+		e.LastTick, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleTick))
+	}
+	return e, nil
+}
+
+// List returns every schedule, by name.
+func (s *Store) List(ctx context.Context) ([]Entry, error) {
+	prefix := protocol.ScheduleDefSubject("")
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(prefix+"*"))
+	if err != nil {
+		return nil, fmt.Errorf("list schedules: %w", err)
+	}
+	var out []Entry
+	for subj := range info.State.Subjects {
+		e, err := s.Get(ctx, strings.TrimPrefix(subj, prefix))
+		if errors.Is(err, ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Remove deletes the schedule: its definition, its timer and its last
+// tick. A tick already being relayed finds no definition and is dropped.
+func (s *Store) Remove(ctx context.Context, name string) error {
+	if _, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleDefSubject(name)); err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("%w: %s", ErrNotFound, name)
+		}
+		return err
+	}
+	for _, subj := range []string{protocol.ScheduleDefSubject(name), protocol.ScheduleTimerSubject(name), protocol.ScheduleTickSubject(name)} {
+		if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+			return fmt.Errorf("remove schedule %s: %w", name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// errPartial says a job's records are incomplete (a scheduler died while
+// creating them); loading completes them.
+var errPartial = errors.New("partly materialised")
+
+// prepare applies a job's inputs to its state and decides its writes,
+// tasks, events and replies. Nothing is written yet.
+func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
+	jt.settle = make([]settlement, len(jt.inputs))
+	// Submissions are parsed first: a rejected one needs no job state.
+	needState := false
+	for k := range jt.inputs {
+		in := &jt.inputs[k]
+		if in.kind == inSubmit && in.spec == nil {
+			sp, err := w.s.parseSubmission(in)
+			if err == nil {
+				err = w.s.checkRateLimits(sp)
+			}
+			if err != nil {
+				w.s.rejectSubmission(jt, k, err)
+				continue
+			}
+			in.spec = sp
+			// A job that starts later waits in a message schedule, not here.
+			delayed, err := w.s.delaySubmission(ctx, in, sp)
+			if err != nil {
+				jt.err = err
+				return
+			}
+			if delayed {
+				w.s.replyTo(jt, *in, protocol.SubmitReply{JobID: in.job})
+				jt.settle[k].term = "delayed: released onto its submit subject when due"
+				continue
+			}
+		}
+		needState = true
+	}
+	if !needState {
+		return
+	}
+	created := false
+	js := w.cache[jt.id]
+	if js == nil {
+		var err error
+		jt.fresh = true
+		js, created, err = w.load(ctx, jt, now)
+		if err != nil {
+			jt.err = err
+			return
+		}
+		if js == nil { // unknown job: every input was answered
+			return
+		}
+		w.cache[jt.id] = js
+	}
+	jt.js = js
+	for k := range jt.inputs {
+		in := &jt.inputs[k]
+		switch {
+		case jt.settle[k].term != "":
+		case in.kind == inSubmit:
+			w.s.acceptSubmission(jt, k, created)
+			created = false // a second copy in the same turn is a resubmission
+		case in.kind == inResult:
+			w.applyResult(jt, k, now)
+		}
+		if jt.reload {
+			// Re-apply every input of the turn to the stored job.
+			jt.err = fmt.Errorf("job %s: cached records disagree with a result: %w", jt.id, jobstore.ErrConflict)
+			return
+		}
+	}
+	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
+	w.dispatch(jt, now)
+	if js.settle(now) {
+		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {
+			ev := protocol.Event{Kind: protocol.EventJobCompensationEnded, ID: js.job.ID, JobID: js.job.ID,
+				Reason: js.job.Error, Data: map[string]string{"state": string(st)}}
+			jt.events = append(jt.events, outEvent{Event: ev, dedup: "end"})
+		}
+		jt.finished = true
+		w.s.metrics.JobFinished(string(js.job.State))
+		w.s.logFinished(js.job)
+	}
+	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
+}
+
+// load builds a job's state: from the first input's spec for a new job
+// (no read), else from the store in one or two reads. A nil state with a
+// nil error means the job does not exist and the inputs were answered.
+func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobState, bool, error) {
+	for k, in := range jt.inputs {
+		if in.kind == inSubmit && jt.settle[k].term == "" {
+			if in.tries > 0 {
+				break // its create found the job: read it
+			}
+			js, err := w.s.newJobState(jt.id, in.spec, now)
+			return js, err == nil, err
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	snap, err := w.s.store.Load(lctx, jt.id)
+	if errors.Is(err, jobstore.ErrNotFound) {
+		for k, in := range jt.inputs {
+			switch {
+			case jt.settle[k].term != "":
+			case in.kind == inSubmit && in.spec != nil:
+				// It existed a moment ago (the create said so) and is gone
+				// now (expired): create it again.
+				js, err := w.s.newJobState(jt.id, in.spec, now)
+				return js, err == nil, err
+			}
+		}
+		w.unknownJob(jt)
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	js, err := newJobState(snap, now)
+	if errors.Is(err, errPartial) {
+		js, err = w.s.completeJobState(snap, now)
+	}
+	if err == nil {
+		w.republish(jt, js, now)
+	}
+	return js, false, err
+}
+
+// unknownJob answers every input of a job the store does not have.
+func (w *worker) unknownJob(jt *jobTurn) {
+	for k, in := range jt.inputs {
+		if in.kind == inResult {
+			w.s.rejectResult(jt, k, reasonUnknownJob, fmt.Errorf("no job %s", jt.id), in.result)
+			continue
+		}
+		jt.settle[k].term = "unknown job"
+	}
+}
+
+// newJobState builds the records of a freshly submitted job, all to be
+// created. A job of one step keeps it inline in the job record: one write
+// per change instead of two.
+func (s *Scheduler) newJobState(id string, sp *spec.Job, now time.Time) (*jobState, error) {
+	job := jobstore.NewJob(id, *sp, now)
+	steps, err := jobstore.NewSteps(id, *sp, s.stepDefaults(), now)
+	if err != nil {
+		return nil, err
+	}
+	job.Inline = len(steps) == 1
+	snap := &jobstore.Snapshot{Job: job, Steps: steps, Revs: map[string]uint64{}}
+	js, err := newJobState(snap, now)
+	if err != nil {
+		return nil, err
+	}
+	js.dirtyJob = true
+	for i := range js.steps {
+		js.markStep(i)
+	}
+	return js, nil
+}
+
+// completeJobState fills in the step records a dead scheduler did not
+// create, to be created now.
+func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
+	all, err := jobstore.NewSteps(snap.Job.ID, snap.Job.Spec, s.stepDefaults(), snap.Job.CreatedAt)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, st := range snap.Steps {
+		have[st.ID] = true
+	}
+	var missing []int
+	for i, st := range all {
+		if !have[st.ID] {
+			snap.Steps = append(snap.Steps, st)
+			missing = append(missing, i)
+		}
+	}
+	js, err := newJobState(snap, now)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range missing {
+		js.markStep(i)
+	}
+	return js, nil
+}
+
+func (s *Scheduler) stepDefaults() jobstore.StepDefaults {
+	return jobstore.StepDefaults{Timeout: s.cfg.DefaultStepTimeout.Std(), Retry: &s.retry.Policies,
+		Expiry: s.cfg.DefaultTaskExpiry.Std()}
+}
+
+func (s *Scheduler) logFinished(job *jobstore.Job) {
+	e := s.log.Info()
+	if job.State != jobstore.JobSucceeded {
+		e = s.log.Warn().Str("error", job.Error)
+	}
+	e.Str(logging.FieldJob, job.ID).Str("state", string(job.State)).Dur("duration", job.FinishedAt.Sub(job.CreatedAt)).
+		Msg("job finished")
+}
+
+// republishWithin is how recent a dispatch must be for its task to be
+// published again on a re-read: inside the task stream's 2 min duplicate
+// window, so that a task that was stored is stored only once.
+const republishWithin = 90 * time.Second
+
+// republish queues the tasks of the job's recent dispatches again. A
+// scheduler that dies between writing a dispatch and publishing its task
+// leaves a step that would wait for its whole lease; the next owner reads
+// the job and publishes the task (the same Nats-Msg-Id, so a task that was
+// stored is dropped as a duplicate).
+func (w *worker) republish(jt *jobTurn, js *jobState, now time.Time) {
+	for i, st := range js.steps {
+		if st.State != jobstore.StepDispatched || st.Token == "" || st.Actor == "" || now.Sub(st.UpdatedAt) > republishWithin {
+			continue
+		}
+		jt.tasks = append(jt.tasks, task{idx: i, msg: w.s.taskMsg(st, st.Pool, st.Actor, st.Token), republish: true})
+	}
+}

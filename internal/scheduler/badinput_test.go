@@ -1,0 +1,184 @@
+package scheduler_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+// Forged and unusable results are refused with an event naming why; none
+// changes the step, and none keeps the genuine result from being applied.
+func TestForgedAndUnusableResultsAreRejected(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "holder", nil)
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	a.Reply(func(protocol.Task) protocol.Result {
+		<-release
+		return protocol.Result{Status: protocol.ResultSucceeded}
+	})
+	b.submitNoReply(t, []byte(`{"name":"f","steps":[{"id":"s","action":"echo"}]}`), "job-forged")
+	var st *jobstore.Step
+	var rev uint64
+	natstest.Eventually(t, 10*time.Second, "dispatched", func() bool {
+		var err error
+		st, rev, err = b.store.Step(context.Background(), "job-forged", "s")
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	now := time.Now().UTC()
+	good := protocol.Result{JobID: "job-forged", StepID: "s", Epoch: st.Epoch, Agent: "holder", Pool: "default",
+		Status: protocol.ResultSucceeded, StartedAt: now, FinishedAt: now, Token: "0123456789abcdef0123456789abcdef"}
+	cases := []struct {
+		reason  string
+		subject string
+		body    []byte
+	}{
+		{"wrong_token", protocol.ResultSubject("default", "holder", "job-forged", "s"), mustJSON(t, good)},
+		{"wrong_agent", protocol.ResultSubject("default", "evil", "job-forged", "s"), mustJSON(t, with(good, func(r *protocol.Result) { r.Agent = "evil" }))},
+		{"subject_mismatch", protocol.ResultSubject("default", "evil", "job-forged", "s"), mustJSON(t, good)},
+		{"bad_status", protocol.ResultSubject("default", "holder", "job-forged", "s"), mustJSON(t, with(good, func(r *protocol.Result) { r.Status = "bogus" }))},
+		{"unknown_step", protocol.ResultSubject("default", "holder", "job-forged", "nope"), mustJSON(t, with(good, func(r *protocol.Result) { r.StepID = "nope" }))},
+		{"unknown_job", protocol.ResultSubject("default", "holder", "job-none", "s"), mustJSON(t, with(good, func(r *protocol.Result) { r.JobID = "job-none" }))},
+		{"undecodable", protocol.ResultSubject("default", "holder", "job-forged", "s"), []byte("{not json")},
+	}
+	for i, c := range cases {
+		m := nats.NewMsg(c.subject)
+		m.Data = c.body
+		// A forger may take the id a genuine result would have had if it
+		// did not include the token: it must not matter.
+		m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID("job-forged", "s", st.Epoch, "")+string(rune('a'+i)))
+		if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatalf("%s: %v", c.reason, err)
+		}
+	}
+	for _, c := range cases {
+		job := "job-forged"
+		if c.reason == "unknown_job" {
+			job = "job-none"
+		}
+		natstest.Eventually(t, 10*time.Second, "result_rejected "+c.reason, func() bool {
+			for _, e := range b.events(t, protocol.EventResultRejected, job) {
+				if e.Data["reason"] == c.reason && e.Reason != "" {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	after, rev2, err := b.store.Step(context.Background(), "job-forged", "s")
+	if err != nil || rev2 != rev || after.State != jobstore.StepDispatched {
+		t.Fatalf("a rejected result changed the step: rev %d -> %d, state %s, %v", rev, rev2, after.State, err)
+	}
+	once.Do(func() { close(release) })
+	j := b.waitJob(t, "job-forged", jobstore.JobSucceeded)
+	t.Logf("genuine result applied after %d rejected ones; job %s", len(cases), j.State)
+}
+
+// The spec's idempotency key is honoured however the job arrives, and a
+// submission naming its job two different ways is refused.
+func TestIdempotencyKeyHonouredWithoutHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	handagent.Start(t, b.js, "default", "idem", nil)
+	body := []byte(`{"name":"i","idempotency_key":"deploy-42","steps":[{"id":"s","action":"echo"}]}`)
+	for range 2 {
+		if _, err := b.js.Publish(context.Background(), protocol.SubjectSubmit, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := protocol.JobIDForKey("deploy-42")
+	b.waitJob(t, id, jobstore.JobSucceeded)
+	natstest.Eventually(t, 10*time.Second, "both submissions handled", func() bool {
+		return pending(t, b.js, protocol.StreamSubmit) == 0
+	})
+	if n := len(attempts(t, b, id)); n != 1 {
+		t.Fatalf("the job ran %d times, want once", n)
+	}
+	r := b.submit(t, body, "some-other-id", "")
+	if r.Error == "" || r.JobID != "some-other-id" {
+		t.Fatalf("header disagreeing with the idempotency key was accepted: %+v", r)
+	}
+	natstest.Eventually(t, 10*time.Second, "rejection event", func() bool {
+		for _, e := range b.events(t, protocol.EventSubmissionRejected, "some-other-id") {
+			if e.Data["reason"] == "id_mismatch" {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// attempts returns the dispatches of a job's only step.
+func attempts(t *testing.T, b *bundle, id string) []jobstore.Attempt {
+	t.Helper()
+	st, _, err := b.store.Step(context.Background(), id, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Attempts
+}
+
+func pending(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func with(r protocol.Result, f func(*protocol.Result)) protocol.Result {
+	f(&r)
+	return r
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// events reads the events of a kind about an id so far.
+func (b *bundle) events(t *testing.T, kind protocol.EventKind, id string) []protocol.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := b.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.EventSubject(kind, id)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.Event
+	for {
+		m, err := c.Next(jetstream.FetchMaxWait(200 * time.Millisecond))
+		if err != nil {
+			return out
+		}
+		var e protocol.Event
+		if json.Unmarshal(m.Data(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+// Cancelling a running 1,000-step job: from the moment CancelJob returns no
+// step is dispatched, every step ends (pending ones cancelled, running ones
+// when their agent stops them) and the job ends cancelled, never succeeded.
+func TestCancelOfARunningLargeJobIsFinal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	var mu sync.Mutex
+	received := map[string]time.Time{}
+	for i := range 4 {
+		a := handagent.Start(t, b.js, "default", fmt.Sprintf("c-%d", i), nil)
+		a.Reply(func(task protocol.Task) protocol.Result {
+			mu.Lock()
+			received[task.StepID] = time.Now()
+			mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+			return protocol.Result{Status: protocol.ResultSucceeded}
+		})
+	}
+	var sb strings.Builder
+	sb.WriteString(`{"name":"big","steps":[`)
+	for i := range 1000 {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `{"id":"s%04d","action":"echo"}`, i)
+	}
+	sb.WriteString("]}")
+	b.submitNoReply(t, []byte(sb.String()), "job-cancel-big")
+	natstest.Eventually(t, 30*time.Second, "steps running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(received) >= 100
+	})
+	o := ops.New(b.nc, b.store)
+	start := time.Now()
+	rep, err := o.CancelJob(context.Background(), "job-cancel-big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	effective := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	j, err := o.WaitJob(ctx, "job-cancel-big", 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cancel recorded in %s (%d pending cancelled, %d running told to stop); job %s %s after the cancel began",
+		effective.Sub(start).Round(time.Millisecond), len(rep.Cancelled), len(rep.Interrupted), j.State, time.Since(start).Round(time.Millisecond))
+	if j.State != jobstore.JobCancelled {
+		t.Fatalf("job ended %s, want cancelled", j.State)
+	}
+	steps, err := b.store.Steps(context.Background(), j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	late, cancelled := 0, 0
+	for _, s := range steps {
+		if !s.State.Terminal() {
+			t.Fatalf("step %s is %s after the job ended", s.ID, s.State)
+		}
+		if s.State == jobstore.StepCancelled {
+			cancelled++
+		}
+		if at, ok := received[s.ID]; ok && at.After(effective) && s.Attempts[len(s.Attempts)-1].StartedAt.After(effective) {
+			late++
+		}
+	}
+	if late > 0 {
+		t.Fatalf("%d steps were dispatched after the cancel took effect", late)
+	}
+	if cancelled == 0 {
+		t.Fatal("no step was cancelled")
+	}
+}

@@ -1,0 +1,122 @@
+package scheduler
+
+// Compensation (seed 002; planner in internal/compensate). When a job's
+// steps have all ended and one failed for good, the steps that succeeded
+// and declare `compensate:` are undone: their compensation steps are
+// appended to the job (spec and records) with dependencies in reverse
+// order, and run as ordinary steps — fenced by epoch, leased, retried with
+// their own policy, recovered by the supervisor. The job is compensating
+// meanwhile, then compensated, or compensation_failed when one of them
+// failed for good (those that had to wait for it are skipped).
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/wardenhq/warden/internal/compensate"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// startCompensation turns a job that just failed into a compensating one,
+// if it has anything to undo.
+func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
+	js := jt.js
+	j := js.job
+	if js.open > 0 || j.State.Terminal() || j.State == jobstore.JobCompensating || j.ForwardSteps > 0 ||
+		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel) {
+		return
+	}
+	// A permanent failure, or a cancel that asked for compensation.
+	failed := j.Desired == jobstore.JobCancelled
+	in := make([]compensate.Step, len(js.steps))
+	for i, st := range js.steps {
+		switch st.State {
+		case jobstore.StepFailed, jobstore.StepDeadLettered:
+			failed = true
+		}
+		s := compensate.Step{ID: st.ID, DependsOn: st.DependsOn, Compensable: j.Spec.Steps[i].Compensate != nil}
+		if st.State == jobstore.StepSucceeded {
+			s.Status = compensate.Succeeded
+		}
+		in[i] = s
+	}
+	if !failed {
+		return
+	}
+	plan, err := compensate.Plan(in)
+	if err != nil || len(plan) == 0 {
+		return
+	}
+	var specs []spec.Step
+	var order []string
+	for _, c := range plan {
+		cs, _ := j.Spec.Steps[js.byID[c.Of]].CompensationStep()
+		for _, a := range c.After {
+			cs.DependsOn = append(cs.DependsOn, spec.CompensationID(a))
+		}
+		specs = append(specs, cs)
+		order = append(order, c.Of)
+	}
+	recs, err := jobstore.NewSteps(j.ID, spec.Job{Steps: specs}, w.s.stepDefaults(), now)
+	if err != nil {
+		w.log.Warn().Err(err).Str(logging.FieldJob, j.ID).Msg("compensation not started: its steps are invalid")
+		return
+	}
+	j.ForwardSteps = len(j.Spec.Steps)
+	j.Spec.Steps = append(j.Spec.Steps, specs...)
+	j.State, j.UpdatedAt = jobstore.JobCompensating, now
+	js.dirtyJob = true
+	for k, st := range recs {
+		js.byID[st.ID] = len(js.steps)
+		js.steps = append(js.steps, st)
+		js.revs = append(js.revs, 0)
+		_ = k
+	}
+	js.index(now)
+	for i := j.ForwardSteps; i < len(js.steps); i++ {
+		js.markStep(i)
+	}
+	w.log.Warn().Str(logging.FieldJob, j.ID).Strs("undo", order).Str("error", j.Error).Msg("job failed; compensating")
+	ev := protocol.Event{Kind: protocol.EventJobCompensating, ID: j.ID, JobID: j.ID, Reason: js.failure(),
+		Data: map[string]string{"plan": strings.Join(order, ",")}}
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: "start"})
+}
+
+// failure describes the first forward step that failed, or the cancel.
+func (js *jobState) failure() string {
+	if js.job.Desired == jobstore.JobCancelled {
+		return "cancelled with compensation"
+	}
+	for _, st := range js.steps[:max(js.job.ForwardSteps, 0)] {
+		if st.State == jobstore.StepFailed || st.State == jobstore.StepDeadLettered {
+			return fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
+		}
+	}
+	return ""
+}
+
+// endCompensation settles a compensating job whose steps have all ended.
+func (js *jobState) endCompensation(now time.Time) bool {
+	j := js.job
+	j.State = jobstore.JobCompensated
+	var bad []string
+	for _, st := range js.steps[j.ForwardSteps:] {
+		if st.State != jobstore.StepSucceeded {
+			bad = append(bad, fmt.Sprintf("%s %s", st.ID, st.State))
+		}
+	}
+	if len(bad) > 0 {
+		j.State = jobstore.JobCompensationFailed
+	}
+	j.Error = js.failure()
+	if len(bad) > 0 {
+		j.Error += "; compensation: " + strings.Join(bad, ", ")
+	}
+	j.UpdatedAt, j.FinishedAt = now, now
+	js.dirtyJob = true
+	return true
+}

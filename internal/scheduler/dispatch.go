@@ -1,0 +1,245 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/internal/cluster"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/internal/selection"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// dispatch places up to one slice of the job's ready steps on agents. The
+// step record (epoch, actor, lease, token hash) is written before its task
+// is published, so a task never exists for an epoch the store lacks.
+func (w *worker) dispatch(jt *jobTurn, now time.Time) {
+	js := jt.js
+	if js.job.Desired == jobstore.JobCancelled && js.job.State != jobstore.JobCompensating {
+		w.cancel(jt, now)
+		return
+	}
+	var (
+		putBack []int
+		wait    time.Duration
+	)
+	waitAtLeast := func(d time.Duration) {
+		if wait == 0 || d < wait {
+			wait = max(d, 10*time.Millisecond)
+		}
+	}
+	// Fair share: a job of several steps may hold at most a share of the
+	// slots of a pool's agents for an action, so that a fan-out never takes
+	// every slot and a small job submitted beside it starts at once.
+	var held map[string]int
+	shareOf := func(st *jobstore.Step) bool {
+		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
+			return true
+		}
+		if held == nil {
+			held = map[string]int{}
+			for _, o := range js.steps {
+				if o.State == jobstore.StepDispatched {
+					held[o.Pool+"\x00"+o.Action]++
+				}
+			}
+		}
+		k := st.Pool + "\x00" + st.Action
+		limit := max(1, int(float64(w.s.selector.Capacity(st.Pool, st.Action))*w.s.cfg.MaxJobShare))
+		if held[k] >= limit {
+			return false
+		}
+		held[k]++
+		return true
+	}
+	for _, i := range js.takeReady(sliceDispatch) {
+		st := js.steps[i]
+		if st.Desired == jobstore.StepCancelled {
+			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
+			js.markStep(i)
+			js.stepEnded(i, now)
+			continue
+		}
+		if st.Expired(now) {
+			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
+				Msg("step expired before it could start")
+			st.Expire(now)
+			js.markStep(i)
+			js.stepEnded(i, now)
+			ev := protocol.Event{Kind: protocol.EventStepExpired, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError}
+			jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+			continue
+		}
+		if st.NotBefore.After(now) {
+			// A retry in its backoff: the job's message comes back then.
+			putBack = append(putBack, i)
+			waitAtLeast(st.NotBefore.Sub(now))
+			continue
+		}
+		if st.Agent == "" && st.Cluster == "" && !shareOf(st) {
+			// The job holds its share; a freed slot wakes it.
+			putBack = append(putBack, i)
+			waitAtLeast(w.s.cfg.CapacityRetry.Std())
+			jt.agentWait = true
+			continue
+		}
+		prio := jt.js.job.Spec.StepPriority(jt.js.job.Spec.Steps[i])
+		holder := holderID(st.JobID, st.ID)
+		if w.s.behind(holder, st.Pool, prio, now) {
+			// A step of higher (effective) priority waits for this pool:
+			// it takes the next free slot (priority.go).
+			putBack = append(putBack, i)
+			waitAtLeast(w.s.cfg.CapacityRetry.Std())
+			w.s.waiting(holder, st.Pool, prio, now)
+			if why := "behind higher-priority work"; st.Waiting != why {
+				st.Waiting, st.UpdatedAt = why, now
+				js.markStep(i)
+			}
+			continue
+		}
+		if ok, at, why := w.admit(jt, i, now); !ok {
+			// A concurrency key or rate limit holds the step back; a
+			// freed slot wakes the job sooner (releaseGates).
+			putBack = append(putBack, i)
+			waitAtLeast(max(at.Sub(now), 0))
+			w.wakeAt(jt.id, at)
+			if st.Waiting != why {
+				st.Waiting, st.UpdatedAt = why, now
+				js.markStep(i)
+			}
+			continue
+		}
+		var agent protocol.Presence
+		var err error
+		if st.Cluster != "" {
+			// Through a cluster (cluster.go): the member's pool is the step's.
+			var epoch uint64
+			if agent, epoch, err = w.s.chooseCluster(st); err == nil {
+				st.Pool, st.ClusterEpoch = agent.Pool, epoch
+			}
+		} else {
+			agent, err = w.s.choose(st)
+		}
+		if err != nil {
+			w.releaseGates(jt, i)
+		}
+		if errors.Is(err, selection.ErrUnknownAction) || errors.Is(err, cluster.ErrTargetRequired) {
+			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Err(err).Msg("step failed: unknown action")
+			st.Fail(err.Error(), now)
+			js.markStep(i)
+			js.stepEnded(i, now)
+			continue
+		}
+		if err != nil {
+			putBack = append(putBack, i)
+			jt.agentWait = true
+			w.s.waiting(holder, st.Pool, prio, now)
+			if errors.Is(err, selection.ErrAtCapacity) {
+				waitAtLeast(w.s.cfg.CapacityRetry.Std())
+			} else {
+				waitAtLeast(w.s.cfg.WaitRetry.Std())
+			}
+			// Say why on the step, once, so `warden job show` explains the wait.
+			if why := err.Error(); st.Waiting != why {
+				st.Waiting, st.UpdatedAt = why, now
+				js.markStep(i)
+			}
+			continue
+		}
+		token := protocol.NewLeaseToken()
+		if err := st.Dispatch(agent.ID, token, now, w.s.cfg.DispatchGrace.Std()); err != nil {
+			continue // not pending: nothing to do
+		}
+		js.markStep(i)
+		w.s.stopWaiting(holder)
+		jt.tasks = append(jt.tasks, task{idx: i, msg: w.s.taskMsg(st, st.Pool, agent.ID, token)})
+		w.s.metrics.StepDispatched()
+		w.log.Debug().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent.ID).
+			Uint64(logging.FieldEpoch, st.Epoch).Int("attempt", st.Attempt).Msg("step dispatched")
+	}
+	if len(js.ready) > 0 {
+		jt.more = true
+	}
+	js.ready = append(putBack, js.ready...)
+	if len(putBack) > 0 {
+		jt.wait = wait
+	}
+}
+
+// cancel carries out a job's desired state cancelled: no step is
+// dispatched again, pending ones end cancelled, running ones are told to
+// stop (they end cancelled with their result, or when their lease ends).
+func (w *worker) cancel(jt *jobTurn, now time.Time) {
+	js := jt.js
+	signal := false
+	for _, in := range jt.inputs {
+		signal = signal || in.kind == inAdvance
+	}
+	for i, st := range js.steps {
+		switch st.State {
+		case jobstore.StepPending:
+			st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
+			st.LastError, st.UpdatedAt, st.FinishedAt = protocol.ErrorCancelled+" by an operator", now, now
+			js.markStep(i)
+			js.stepEnded(i, now)
+		case jobstore.StepDispatched:
+			if st.Desired != jobstore.StepCancelled {
+				st.Desired, st.UpdatedAt = jobstore.StepCancelled, now
+				js.markStep(i)
+				signal = true
+			}
+			if signal {
+				b, _ := json.Marshal(protocol.Control{Op: protocol.ControlCancel, JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch})
+				jt.controls = append(jt.controls, control{subject: protocol.AgentControlSubject(st.Pool, st.Actor), body: b})
+			}
+		}
+	}
+	js.ready = js.ready[:0]
+}
+
+// choose picks an agent for a step.
+func (s *Scheduler) choose(st *jobstore.Step) (protocol.Presence, error) {
+	return s.selector.Choose(selection.Request{
+		Pool: st.Pool, Agent: st.Agent, Action: st.Action, Requires: st.Requires,
+	})
+}
+
+// release frees an agent's slot in the selector when its result arrives.
+func (s *Scheduler) release(pool, agent string, at time.Time) {
+	s.selector.Release(protocol.PresenceKey(pool, agent), at)
+	s.wakeAll() // a waiting step may take the slot now
+}
+
+// taskMsg builds a dispatch's task. The subject is derived from the pool
+// and agent id, never read from the agent's presence record, so a forged
+// presence cannot redirect tasks.
+func (s *Scheduler) taskMsg(st *jobstore.Step, pool, agent, token string) *nats.Msg {
+	t := protocol.Task{
+		JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch, Attempt: st.Attempt, Action: st.Action,
+		Params: st.Params, Timeout: st.Timeout, Deadline: st.LockedUntil, ExpiresAt: st.ExpiresAt, Token: token,
+	}
+	b, _ := json.Marshal(t) // a Task always encodes
+	m := nats.NewMsg(protocol.TaskSubject(protocol.Shard(pool, agent, s.cfg.TaskShards), pool, agent))
+	m.Data = b
+	m.Header.Set(protocol.HeaderMsgID, protocol.TaskMsgID(st.JobID, st.ID, st.Epoch))
+	m.Header.Set(protocol.HeaderJob, st.JobID)
+	m.Header.Set(protocol.HeaderStep, st.ID)
+	m.Header.Set(protocol.HeaderEpoch, strconv.FormatUint(st.Epoch, 10))
+	m.Header.Set(protocol.HeaderAttempt, strconv.Itoa(st.Attempt))
+	m.Header.Set(protocol.HeaderAction, st.Action)
+	m.Header.Set(protocol.HeaderDeadline, st.LockedUntil.UTC().Format(time.RFC3339Nano))
+	m.Header.Set(protocol.HeaderToken, token)
+	if st.Recoveries > 0 {
+		m.Header.Set(protocol.HeaderRecoveries, strconv.Itoa(st.Recoveries))
+	}
+	if st.TransferredFrom != "" {
+		m.Header.Set(protocol.HeaderTransferredFrom, st.TransferredFrom)
+	}
+	setClusterHeaders(m.Header, st)
+	return m
+}

@@ -1,0 +1,133 @@
+package scheduler_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+type bundle struct {
+	srv   *natstest.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *jobstore.Store
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	srv, nc, js := natstest.Start(t, streams.Options{})
+	store, err := jobstore.Open(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{srv: srv, nc: nc, js: js, store: store}
+}
+
+// startScheduler runs a scheduler on its own connection until the test ends.
+func (b *bundle) startScheduler(t *testing.T, cfg scheduler.Config) {
+	t.Helper()
+	nc, _ := b.srv.Connect(t)
+	s, err := scheduler.New(cfg, nc, scheduler.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("scheduler: %v", err)
+		}
+	})
+}
+
+// submit publishes a spec with headers and returns the scheduler's reply.
+func (b *bundle) submit(t *testing.T, body []byte, jobID, msgID string) protocol.SubmitReply {
+	t.Helper()
+	inbox := nats.NewInbox()
+	sub, err := b.nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	msg := nats.NewMsg(protocol.SubjectSubmit)
+	msg.Data = body
+	if jobID != "" {
+		msg.Header.Set(protocol.HeaderJobID, jobID)
+	}
+	if msgID != "" {
+		msg.Header.Set(protocol.HeaderMsgID, msgID)
+	}
+	msg.Header.Set(protocol.HeaderReplyTo, inbox)
+	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no submission reply: %v", err)
+	}
+	var r protocol.SubmitReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (b *bundle) waitJob(t *testing.T, id string, want jobstore.JobState) *jobstore.Job {
+	t.Helper()
+	var job *jobstore.Job
+	natstest.Eventually(t, 20*time.Second, "job "+id+" "+string(want), func() bool {
+		j, _, err := b.store.Job(context.Background(), id)
+		if err != nil {
+			return false
+		}
+		job = j
+		return j.State == want
+	})
+	return job
+}
+
+// streamMsgs counts messages stored on a stream's subject filter so far
+// (work-queue streams delete acked messages, so use LastSeq).
+func lastSeq(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq
+}
+
+func testLogger(t *testing.T) zerolog.Logger {
+	if !testing.Verbose() {
+		return zerolog.Nop()
+	}
+	return zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger()
+}
+
+// submitNoReply submits a spec on the job's own subject, as pkg/client does,
+// and waits only for the PubAck (the durable acceptance).
+func (b *bundle) submitNoReply(t *testing.T, body []byte, jobID string) {
+	t.Helper()
+	msg := nats.NewMsg(protocol.SubmitSubject(jobID))
+	msg.Data = body
+	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+}

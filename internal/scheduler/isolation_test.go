@@ -1,0 +1,97 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+// A job of 1,000 steps cannot hold back small jobs submitted with it: its
+// results and dispatches are handled in slices, interleaved with the other
+// jobs' inputs, so the 200 single-step jobs all finish before it does.
+func TestLargeJobDoesNotStallSmallOnes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	for i := range 4 {
+		handagent.Start(t, b.js, "default", fmt.Sprintf("iso-%d", i), nil)
+	}
+	var sb strings.Builder
+	sb.WriteString(`{"name":"big","steps":[`)
+	for i := range 1000 {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `{"id":"s%04d","action":"echo"}`, i)
+	}
+	sb.WriteString("]}")
+	b.submitNoReply(t, []byte(sb.String()), "job-big")
+	// Submitted together: pipelined, then every PubAck awaited, so that the
+	// test's own round trips do not spread the submissions out.
+	var small []string
+	var acks []jetstream.PubAckFuture
+	for i := range 200 {
+		id := fmt.Sprintf("job-small-%03d", i)
+		small = append(small, id)
+		f, err := b.js.PublishAsync(protocol.SubmitSubject(id), []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no PubAck for a submission")
+		}
+	}
+	big := b.waitJobWithin(t, "job-big", jobstore.JobSucceeded, 120*time.Second)
+	var last time.Time
+	for _, id := range small {
+		j := b.waitJobWithin(t, id, jobstore.JobSucceeded, 10*time.Second)
+		if j.FinishedAt.After(last) {
+			last = j.FinishedAt
+		}
+	}
+	t.Logf("1,000-step job finished %s after submission; the last of 200 single-step jobs %s before it",
+		big.FinishedAt.Sub(big.CreatedAt).Round(time.Millisecond), big.FinishedAt.Sub(last).Round(time.Millisecond))
+	if !last.Before(big.FinishedAt) {
+		t.Fatalf("the last single-step job finished at %s, after the 1,000-step job (%s)", last, big.FinishedAt)
+	}
+	steps, err := b.store.Steps(context.Background(), big)
+	if err != nil || len(steps) != 1000 {
+		t.Fatalf("big job has %d step records: %v", len(steps), err)
+	}
+	for _, s := range steps {
+		if s.State != jobstore.StepSucceeded || s.Epoch != 1 {
+			t.Fatalf("step %s: %s at epoch %d", s.ID, s.State, s.Epoch)
+		}
+	}
+}
+
+func (b *bundle) waitJobWithin(t *testing.T, id string, want jobstore.JobState, d time.Duration) *jobstore.Job {
+	t.Helper()
+	var job *jobstore.Job
+	natstest.Eventually(t, d, "job "+id+" "+string(want), func() bool {
+		j, _, err := b.store.Job(context.Background(), id)
+		if err != nil {
+			return false
+		}
+		job = j
+		return j.State == want
+	})
+	return job
+}

@@ -1,0 +1,254 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+)
+
+// jobState is a job as its owning worker keeps it between inputs: the
+// records it last wrote or read with their revisions, and the DAG
+// bookkeeping that lets a result touch only its step and its direct
+// dependents. A failed compare-and-set is the signal that someone else
+// wrote: the worker drops the state and reloads.
+type jobState struct {
+	job    *jobstore.Job
+	jobRev uint64
+	steps  []*jobstore.Step // spec order
+	byID   map[string]int
+	revs   []uint64 // revision of each step's record (inline: unused)
+	// dependents[i] are the steps that depend on step i; waitingOn[i]
+	// counts step i's dependencies that have not succeeded.
+	dependents [][]int
+	waitingOn  []int
+	// open counts steps not yet terminal.
+	open int
+	// ready holds pending steps whose dependencies all succeeded, in the
+	// order they became ready; dispatching takes from the front.
+	ready []int
+
+	dirtyJob   bool
+	dirtySteps map[int]bool
+	// used is the worker turn that last used the state (cache eviction).
+	used uint64
+}
+
+func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
+	j := snap.Job
+	js := &jobState{job: j, jobRev: snap.JobRev, byID: make(map[string]int, len(j.Spec.Steps)),
+		dirtySteps: map[int]bool{}}
+	have := make(map[string]*jobstore.Step, len(snap.Steps))
+	for _, st := range snap.Steps {
+		have[st.ID] = st
+	}
+	js.steps = make([]*jobstore.Step, len(j.Spec.Steps))
+	js.revs = make([]uint64, len(j.Spec.Steps))
+	for i, sp := range j.Spec.Steps {
+		js.byID[sp.ID] = i
+		js.steps[i] = have[sp.ID]
+		js.revs[i] = snap.Revs[sp.ID]
+	}
+	for i, st := range js.steps {
+		if st == nil {
+			return nil, fmt.Errorf("job %s: step %s has no record: %w", j.ID, j.Spec.Steps[i].ID, errPartial)
+		}
+	}
+	js.index(now)
+	return js, nil
+}
+
+// index derives the DAG bookkeeping from the step states, and skips the
+// pending steps a dependency that ended without success blocks for good
+// (someone else ended it: an operator, the supervisor's dead letter).
+func (js *jobState) index(now time.Time) {
+	n := len(js.steps)
+	js.dependents = make([][]int, n)
+	js.waitingOn = make([]int, n)
+	js.open, js.ready = 0, js.ready[:0]
+	for i, st := range js.steps {
+		for _, d := range st.DependsOn {
+			di, ok := js.byID[d]
+			if !ok {
+				continue
+			}
+			js.dependents[di] = append(js.dependents[di], i)
+			if js.steps[di].State != jobstore.StepSucceeded {
+				js.waitingOn[i]++
+			}
+		}
+		if !st.State.Terminal() {
+			js.open++
+		}
+	}
+	for i, st := range js.steps {
+		if st.State == jobstore.StepPending && js.waitingOn[i] == 0 {
+			js.ready = append(js.ready, i)
+		}
+	}
+	for i, st := range js.steps {
+		if st.State.Terminal() && st.State != jobstore.StepSucceeded {
+			js.skipDependents(i, now)
+		}
+	}
+}
+
+func (js *jobState) markStep(i int) {
+	if js.job.Inline {
+		js.dirtyJob = true
+		return
+	}
+	js.dirtySteps[i] = true
+}
+
+// stepEnded updates the bookkeeping after step i reached a terminal state
+// (its record is already changed and marked dirty).
+func (js *jobState) stepEnded(i int, now time.Time) {
+	js.open--
+	if js.steps[i].State == jobstore.StepSucceeded {
+		for _, d := range js.dependents[i] {
+			js.waitingOn[d]--
+			if js.waitingOn[d] == 0 && js.steps[d].State == jobstore.StepPending {
+				js.ready = append(js.ready, d)
+			}
+		}
+		return
+	}
+	js.skipDependents(i, now)
+}
+
+// skipDependents skips every pending step that transitively depends on
+// step i.
+func (js *jobState) skipDependents(i int, now time.Time) {
+	for _, d := range js.dependents[i] {
+		st := js.steps[d]
+		if st.State != jobstore.StepPending {
+			continue
+		}
+		st.State = jobstore.StepSkipped
+		st.LastError = "a dependency did not succeed"
+		st.UpdatedAt, st.FinishedAt = now, now
+		js.markStep(d)
+		js.open--
+		js.skipDependents(d, now)
+	}
+}
+
+// takeReady removes and returns up to n ready steps still pending.
+func (js *jobState) takeReady(n int) []int {
+	var out []int
+	for len(js.ready) > 0 && len(out) < n {
+		i := js.ready[0]
+		js.ready = js.ready[1:]
+		if js.steps[i].State == jobstore.StepPending && js.waitingOn[i] == 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// settle records the job state the steps imply once nothing is open, and
+// reports whether the job just ended.
+func (js *jobState) settle(now time.Time) bool {
+	j := js.job
+	if j.State.Terminal() {
+		return false
+	}
+	if js.open > 0 {
+		if j.State == jobstore.JobPending && js.anyStarted() {
+			j.State, j.UpdatedAt = jobstore.JobRunning, now
+			js.dirtyJob = true
+		}
+		return false
+	}
+	if j.State == jobstore.JobCompensating {
+		return js.endCompensation(now)
+	}
+	var failed, cancelled, expired string
+	for _, st := range js.steps {
+		switch st.State {
+		case jobstore.StepSucceeded:
+		case jobstore.StepCancelled:
+			cancelled = st.ID
+		case jobstore.StepExpired:
+			if expired == "" {
+				expired = fmt.Sprintf("step %s %s", st.ID, st.LastError)
+			}
+		case jobstore.StepSkipped:
+		default:
+			if failed == "" {
+				failed = fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
+			}
+		}
+	}
+	switch {
+	case j.Desired == jobstore.JobCancelled || cancelled != "":
+		j.State = jobstore.JobCancelled
+	case failed != "":
+		j.State, j.Error = jobstore.JobFailed, failed
+	case expired != "":
+		j.State, j.Error = jobstore.JobExpired, expired
+	default:
+		j.State = jobstore.JobSucceeded
+	}
+	j.UpdatedAt, j.FinishedAt = now, now
+	js.dirtyJob = true
+	return true
+}
+
+// inFlight counts the job's dispatched steps.
+func (js *jobState) inFlight() int {
+	n := 0
+	for _, st := range js.steps {
+		if st.State == jobstore.StepDispatched {
+			n++
+		}
+	}
+	return n
+}
+
+func (js *jobState) anyStarted() bool {
+	for _, st := range js.steps {
+		if st.State != jobstore.StepPending {
+			return true
+		}
+	}
+	return false
+}
+
+// writes returns the records to write for what changed, in two rounds,
+// and clears the dirty marks. The second round is written only once the
+// first has landed: a job record is created before its step records (it is
+// the idempotency guard), and a job's terminal record is written after its
+// steps' (it is the completion signal, so it never runs ahead of them).
+// idx names what each write is: a step's index, or -1 for the job record.
+func (js *jobState) writes(st *jobstore.Store) (first, second []jobstore.Write, idx1, idx2 []int) {
+	var steps []jobstore.Write
+	var sidx []int
+	if !js.job.Inline {
+		for i := range js.dirtySteps {
+			sidx = append(sidx, i)
+			steps = append(steps, st.StepWrite(js.steps[i], js.revs[i]))
+		}
+		clear(js.dirtySteps)
+	}
+	var job []jobstore.Write
+	if js.dirtyJob {
+		if js.job.Inline {
+			js.job.Steps = js.steps
+		}
+		job = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}
+		js.dirtyJob = false
+	}
+	if js.jobRev == 0 {
+		return job, steps, jobIdx(job), sidx
+	}
+	return steps, job, sidx, jobIdx(job)
+}
+
+func jobIdx(w []jobstore.Write) []int {
+	if len(w) == 0 {
+		return nil
+	}
+	return []int{-1}
+}

@@ -1,0 +1,93 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// inputKind is what brought a job to its worker.
+type inputKind int
+
+const (
+	inSubmit    inputKind = iota + 1 // a submission
+	inResult                         // an agent's result
+	inAdvance                        // an operator or the supervisor asked to advance the job
+	inContinue                       // the job has more to do than one slice allowed
+	inWake                           // an agent appeared or freed a slot: retry waiting steps
+	inGateFreed                      // a concurrency slot the job waits for was freed (workflow.go)
+)
+
+// input is one thing for a worker to apply to a job.
+type input struct {
+	kind inputKind
+	job  string
+	// msg is the JetStream message (submission or result); it is acked only
+	// once every write it caused has landed.
+	msg jetstream.Msg
+	// req is an advance request to answer.
+	req *nats.Msg
+	// held are earlier messages of the job, carried by a continue until the
+	// job's dispatching is done.
+	held []jetstream.Msg
+
+	spec   *spec.Job
+	result *protocol.Result
+	// tries counts how often the input met a lost compare-and-set.
+	tries int
+	at    time.Time
+}
+
+// queue is a worker's unbounded FIFO of inputs. It never blocks the
+// feeders: the consumers' max_ack_pending bounds what is in flight, and a
+// job stuck behind another never stalls a shared stream's head.
+type queue struct {
+	mu     sync.Mutex
+	items  []input
+	signal chan struct{}
+}
+
+func newQueue() *queue { return &queue{signal: make(chan struct{}, 1)} }
+
+func (q *queue) push(in ...input) {
+	q.mu.Lock()
+	q.items = append(q.items, in...)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// pushFront puts inputs back at the head (a retry after a lost CAS).
+func (q *queue) pushFront(in ...input) {
+	q.mu.Lock()
+	q.items = append(append([]input(nil), in...), q.items...)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take removes up to n inputs.
+func (q *queue) take(n int) []input {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.items) == 0 {
+		return nil
+	}
+	k := min(n, len(q.items))
+	out := make([]input, k)
+	copy(out, q.items[:k])
+	q.items = q.items[k:]
+	if len(q.items) == 0 {
+		q.items = nil
+	}
+	return out
+}

@@ -1,0 +1,187 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Reasons a result is rejected (event result_rejected, data.reason): the
+// protocol's RejectReason values. A rejected result changes nothing.
+const (
+	reasonUndecodable     = string(protocol.RejectUndecodable)
+	reasonSubjectMismatch = string(protocol.RejectSubjectMismatch)
+	reasonBadStatus       = string(protocol.RejectBadStatus)
+	reasonUnknownJob      = string(protocol.RejectUnknownJob)
+	reasonUnknownStep     = string(protocol.RejectUnknownStep)
+	reasonWrongAgent      = string(protocol.RejectWrongAgent)
+	reasonWrongToken      = string(protocol.RejectWrongToken)
+)
+
+// resultRoute reads the job a stored result subject names:
+// warden.result.<p>.<pool>.<agent>.<job>.<step>.
+func resultRoute(subject string) (job string, ok bool) {
+	tok := strings.Split(subject, ".")
+	if len(tok) != 7 {
+		return "", false
+	}
+	return tok[5], true
+}
+
+// decodeResult decodes a result and checks it against its subject: the
+// subject carries the identity the server authenticated, so the body must
+// name the same agent, pool, job and step.
+func decodeResult(msg jetstream.Msg) (*protocol.Result, string, error) {
+	var r protocol.Result
+	if err := json.Unmarshal(msg.Data(), &r); err != nil {
+		return nil, reasonUndecodable, fmt.Errorf("result body is not a JSON result: %w", err)
+	}
+	tok := strings.Split(msg.Subject(), ".")
+	if len(tok) != 7 {
+		return &r, reasonSubjectMismatch, fmt.Errorf("subject %s is not warden.result.<pool>.<agent>.<job>.<step>", msg.Subject())
+	}
+	pool, agent, job, step := tok[3], tok[4], tok[5], tok[6]
+	if r.JobID != job || r.StepID != step || r.Agent != agent || (r.Pool != "" && r.Pool != pool) {
+		return &r, reasonSubjectMismatch, fmt.Errorf("body names %s/%s step %s.%s but the subject names %s/%s step %s.%s",
+			r.Pool, r.Agent, r.JobID, r.StepID, pool, agent, job, step)
+	}
+	r.Pool = pool
+	if r.Status != protocol.ResultSucceeded && r.Status != protocol.ResultFailed {
+		return &r, reasonBadStatus, fmt.Errorf("status %q is neither %q nor %q", r.Status, protocol.ResultSucceeded, protocol.ResultFailed)
+	}
+	return &r, "", nil
+}
+
+// applyResult applies an agent's result to its step: fenced by epoch,
+// actor and lease token; then the step's direct dependents become ready.
+func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
+	in := jt.inputs[k]
+	r, reason, err := decodeResult(in.msg)
+	if reason != "" {
+		w.s.rejectResult(jt, k, reason, err, r)
+		return
+	}
+	js := jt.js
+	i, ok := js.byID[r.StepID]
+	if !ok {
+		w.s.rejectResult(jt, k, reasonUnknownStep, fmt.Errorf("job %s has no step %s", r.JobID, r.StepID), r)
+		return
+	}
+	st := js.steps[i]
+	log := w.log.With().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).
+		Uint64(logging.FieldEpoch, r.Epoch).Str(logging.FieldAgent, r.Agent).Logger()
+	if alreadyApplied(st, *r) {
+		return // a redelivery after the write: the advance below is all that is left
+	}
+	mismatch := r.Epoch != st.Epoch || st.State != jobstore.StepDispatched || r.Agent != st.Actor || !st.TokenMatches(r.Token)
+	if mismatch && !jt.fresh {
+		// The cached records may be older than the store: another
+		// scheduler may have owned the job meanwhile (a partition moves
+		// when its owner freezes or dies). Judge a result against what is
+		// stored, never against a copy: read the job again and re-apply.
+		jt.reload = true
+		return
+	}
+	if r.Epoch != st.Epoch || st.State != jobstore.StepDispatched {
+		w.s.metrics.StaleResult()
+		log.Warn().Str("state", string(st.State)).Uint64("step_epoch", st.Epoch).Msg("stale result dropped")
+		ev := protocol.Event{Kind: protocol.EventStaleResult, ID: r.JobID, JobID: r.JobID,
+			StepID: r.StepID, Agent: r.Agent, Reason: fmt.Sprintf("%v: step is %s at epoch %d, result is for epoch %d",
+				jobstore.ErrStale, st.State, st.Epoch, r.Epoch),
+			Data: map[string]string{"result_epoch": strconv.FormatUint(r.Epoch, 10), "step_epoch": strconv.FormatUint(st.Epoch, 10)}}
+		jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
+		return
+	}
+	if r.Agent != st.Actor {
+		w.s.rejectResult(jt, k, reasonWrongAgent, fmt.Errorf("step %s.%s is held by %s, not %s", r.JobID, r.StepID, st.Actor, r.Agent), r)
+		return
+	}
+	if !st.TokenMatches(r.Token) {
+		w.s.rejectResult(jt, k, reasonWrongToken, fmt.Errorf("the result does not carry step %s.%s's lease token for epoch %d", r.JobID, r.StepID, r.Epoch), r)
+		return
+	}
+	decision, delay, again := w.s.retry.Decide(st.Action, st.Retry, max(st.Attempt-1, 0), r.ErrorClass, r.Error, r.RetryAfter.Std(), rand.Float64)
+	if r.ErrorClass == protocol.ClassReroute {
+		// A cluster member refused it (cluster.go): route it again shortly.
+		delay = rerouteDelay
+	}
+	outcome, err := st.ApplyResult(*r, again, now)
+	if err != nil {
+		w.s.rejectResult(jt, k, reasonWrongToken, err, r)
+		return
+	}
+	if r.Status != protocol.ResultSucceeded {
+		if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == r.Epoch && r.ErrorClass != protocol.ClassReroute {
+			st.Attempts[n-1].Class = decision.Class
+		}
+		if outcome == jobstore.OutcomeRetry {
+			st.NotBefore = now.Add(delay)
+		}
+	}
+	js.markStep(i)
+	w.s.metrics.ResultApplied(r.Status)
+	// The agent has a free slot again, whatever its last heartbeat says.
+	w.s.release(st.Pool, r.Agent, r.FinishedAt)
+	w.releaseGates(jt, i)
+	switch outcome {
+	case jobstore.OutcomeSucceeded:
+		log.Debug().Msg("step succeeded")
+		js.stepEnded(i, now)
+	case jobstore.OutcomeRetry:
+		log.Warn().Str("error", r.Error).Str("class", decision.Class).Int("attempt", st.Attempt).Int("max_retries", st.MaxRetries).
+			Time("retry_at", st.NotBefore).Msg("step failed; retrying after backoff")
+		js.ready = append(js.ready, i)
+	case jobstore.OutcomeFailed:
+		log.Warn().Str("error", r.Error).Str("class", decision.Class).Bool("retriable", decision.Retriable).Int("attempt", st.Attempt).Msg("step failed")
+		js.stepEnded(i, now)
+	}
+}
+
+// rejectResult records a refused result as an event saying why and
+// terminates the message; it changes no state and blocks nothing (the
+// genuine result has its own dedup id).
+func (s *Scheduler) rejectResult(jt *jobTurn, k int, reason string, err error, r *protocol.Result) {
+	in := jt.inputs[k]
+	s.metrics.ResultRejected(reason)
+	id := jt.id
+	if !protocol.ValidToken(id) {
+		id = "unknown"
+	}
+	ev := protocol.Event{Kind: protocol.EventResultRejected, ID: id, JobID: id, Reason: err.Error(),
+		Data: map[string]string{"reason": reason, "subject": in.msg.Subject()}}
+	if r != nil {
+		ev.StepID, ev.Agent = r.StepID, r.Agent
+		ev.Data["epoch"] = strconv.FormatUint(r.Epoch, 10)
+	}
+	s.log.Warn().Str("job", id).Str("reason", reason).Err(err).Str("subject", in.msg.Subject()).Msg("result rejected")
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
+	jt.settle[k].term = "result rejected: " + reason
+}
+
+func msgSeq(m jetstream.Msg) string {
+	if md, err := m.Metadata(); err == nil {
+		return strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	return "0"
+}
+
+// alreadyApplied reports whether this exact result was written to the step
+// before (the message was redelivered after the write).
+func alreadyApplied(st *jobstore.Step, r protocol.Result) bool {
+	for _, a := range st.Attempts {
+		if a.Epoch == r.Epoch && a.Status == r.Status && a.FinishedAt.Equal(r.FinishedAt) &&
+			!(st.State == jobstore.StepDispatched && st.Epoch == r.Epoch) {
+			return true
+		}
+	}
+	return false
+}

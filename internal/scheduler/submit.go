@@ -1,0 +1,119 @@
+package scheduler
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// Reasons a submission is rejected beyond the spec's own (spec.Reason*).
+const (
+	reasonIDMismatch = "id_mismatch"
+)
+
+// submissionJobID derives a submission's job id without parsing the body
+// when it can: the subject's job token (warden.submit.<p>.<job>), the
+// Warden-Job-Id header, the idempotency key (Nats-Msg-Id), the spec's
+// idempotency_key, and last the stream sequence and storage time, which
+// are the same on every redelivery. A conflict between the ways is left
+// for parseSubmission to reject; ok is false for an id that is not a
+// valid token.
+func submissionJobID(msg jetstream.Msg, limits spec.Limits) (id string, ok bool) {
+	if tok := strings.Split(msg.Subject(), "."); len(tok) == 4 {
+		return tok[3], protocol.ValidToken(tok[3])
+	}
+	h := msg.Headers()
+	if id := h.Get(protocol.HeaderJobID); id != "" {
+		return id, protocol.ValidToken(id)
+	}
+	if key := h.Get(protocol.HeaderMsgID); key != "" {
+		return protocol.JobIDForKey(key), true
+	}
+	if sp, err := spec.Parse(msg.Data(), limits); err == nil && sp.IdempotencyKey != "" {
+		return protocol.JobIDForKey(sp.IdempotencyKey), true
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return protocol.NewJobID(), true
+	}
+	return protocol.JobIDForKey(strconv.FormatUint(md.Sequence.Stream, 10) + "@" + md.Timestamp.String()), true
+}
+
+// parseSubmission parses and checks a submission: the spec itself, and
+// that every way it names its job agrees (subject, header, idempotency key).
+func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
+	if !protocol.ValidToken(in.job) {
+		return nil, &spec.ValidationError{Reason: spec.ReasonInvalidID, Field: protocol.HeaderJobID,
+			Msg: fmt.Sprintf("%q may contain only letters, digits, '_' and '-'", in.job)}
+	}
+	sp, err := spec.Parse(in.msg.Data(), s.cfg.limits())
+	if err != nil {
+		return nil, err
+	}
+	h := in.msg.Headers()
+	if hid := h.Get(protocol.HeaderJobID); hid != "" && hid != in.job {
+		return nil, &spec.ValidationError{Reason: reasonIDMismatch, Field: protocol.HeaderJobID,
+			Msg: fmt.Sprintf("header names job %q but the subject names %q", hid, in.job)}
+	}
+	if sp.IdempotencyKey != "" {
+		if want := protocol.JobIDForKey(sp.IdempotencyKey); want != in.job {
+			return nil, &spec.ValidationError{Reason: reasonIDMismatch, Field: "idempotency_key",
+				Msg: fmt.Sprintf("idempotency_key %q makes job id %s, but the submission names %s", sp.IdempotencyKey, want, in.job)}
+		}
+	}
+	return sp, nil
+}
+
+// rejectSubmission records a refused submission as an event, tells the
+// submitter, and terminates the message: it can never succeed.
+func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
+	in := jt.inputs[k]
+	reason := spec.ReasonOf(err)
+	if reason == "" {
+		reason = spec.ReasonMalformed
+	}
+	s.metrics.SubmissionRejected(reason)
+	s.log.Warn().Str("job", in.job).Str("reason", reason).Err(err).Msg("submission rejected")
+	id := in.job
+	if !protocol.ValidToken(id) {
+		id = "invalid"
+	}
+	ev := protocol.Event{Kind: protocol.EventSubmissionRejected, ID: id, JobID: id, Reason: err.Error(),
+		Data: map[string]string{"reason": reason, "subject": in.msg.Subject()}}
+	if md, merr := in.msg.Metadata(); merr == nil {
+		ev.Data["stream_seq"] = strconv.FormatUint(md.Sequence.Stream, 10)
+	}
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: ev.Data["stream_seq"]})
+	s.replyTo(jt, in, protocol.SubmitReply{JobID: id, Error: err.Error()})
+	jt.settle[k].term = "rejected: " + reason
+}
+
+// acceptSubmission answers a submission whose job exists now.
+func (s *Scheduler) acceptSubmission(jt *jobTurn, k int, created bool) {
+	in := jt.inputs[k]
+	if created {
+		s.metrics.JobAccepted()
+		s.log.Info().Str("job", in.job).Str("name", jt.js.job.Name).Int("steps", len(jt.js.steps)).Msg("job accepted")
+	}
+	s.replyTo(jt, in, protocol.SubmitReply{JobID: in.job, Existing: !created})
+}
+
+// replyTo queues a reply to a submitter that asked for one (best effort:
+// the PubAck already told it the job was accepted).
+func (s *Scheduler) replyTo(jt *jobTurn, in input, r protocol.SubmitReply) {
+	to := in.msg.Headers().Get(protocol.HeaderReplyTo)
+	if to == "" {
+		return
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	jt.replies = append(jt.replies, reply{to: to, body: b})
+}

@@ -1,0 +1,461 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Bounds of one worker turn. A turn applies a batch of inputs to the jobs
+// they name, then writes everything the batch changed in pipelined rounds.
+// The slices keep a large job from holding a worker: it gets at most
+// sliceInputs inputs and sliceDispatch dispatches per turn, and continues
+// behind the other jobs' inputs.
+const (
+	turnInputs    = 256
+	sliceInputs   = 64
+	sliceDispatch = 64
+	maxTries      = 8
+	conflictRetry = 50 * time.Millisecond
+)
+
+// worker owns the jobs whose ids hash to it: it alone, in this process,
+// reads and writes them, so it keeps their records between inputs.
+type worker struct {
+	s     *Scheduler
+	q     *queue
+	cache map[string]*jobState
+	// waiting holds jobs with a ready step that found no agent or no free
+	// slot; a presence or capacity change wakes them.
+	waiting map[string]int // job → its steps in flight when it began to wait
+	log     zerolog.Logger
+	// lastWake (unix nanos) rate-limits wakes from presence changes.
+	lastWake atomic.Int64
+	// turns counts turns; a cached job remembers the turn that last used
+	// it, so the least recently used are dropped when the cache is full.
+	turns uint64
+	// gated holds, per step (holderID), until when it waits in a
+	// concurrency key's queue: wakes before then skip the key's record
+	// (workflow.go).
+	gated map[string]time.Time
+	// ctx is the context run was given, for the calls a turn makes
+	// outside its write rounds (concurrency keys, rate limits).
+	ctx context.Context
+}
+
+// maxCachedJobs bounds the jobs one worker keeps in memory; a dropped job
+// is read again (one or two requests) when its next input comes.
+const maxCachedJobs = 4096
+
+// trimCache drops the least recently used half of the cache when it is
+// full: jobs that wait long (a step running for minutes) cost a re-read,
+// not memory for their whole life.
+func (w *worker) trimCache() {
+	if len(w.cache) <= maxCachedJobs {
+		return
+	}
+	uses := make([]uint64, 0, len(w.cache))
+	for _, js := range w.cache {
+		uses = append(uses, js.used)
+	}
+	slices.Sort(uses)
+	cut := uses[len(uses)/2]
+	for id, js := range w.cache {
+		if js.used <= cut {
+			delete(w.cache, id)
+		}
+	}
+}
+
+// wakeEvery bounds how often presence changes wake a worker's waiting jobs.
+const wakeEvery = 50 * time.Millisecond
+
+// wake asks the worker to retry its waiting jobs (from any goroutine).
+func (w *worker) wake() {
+	now := time.Now().UnixNano()
+	last := w.lastWake.Load()
+	if now-last < int64(wakeEvery) || !w.lastWake.CompareAndSwap(last, now) {
+		return
+	}
+	w.q.push(input{kind: inWake})
+}
+
+// expandWakes turns a wake into one input per waiting job, those with the
+// fewest steps in flight first: when a slot frees, a small job waiting
+// behind a large fan-out gets it before the fan-out takes the rest.
+func (w *worker) expandWakes(batch []input) []input {
+	out := batch[:0:0]
+	for _, in := range batch {
+		if in.kind != inWake || in.job != "" {
+			out = append(out, in)
+			continue
+		}
+		ids := make([]string, 0, len(w.waiting))
+		for id := range w.waiting {
+			ids = append(ids, id)
+		}
+		slices.SortFunc(ids, func(a, b string) int { return cmp.Compare(w.waiting[a], w.waiting[b]) })
+		for _, id := range ids {
+			out = append(out, input{kind: inWake, job: id})
+		}
+	}
+	return out
+}
+
+func newWorker(s *Scheduler) *worker {
+	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]int{}, log: s.log,
+		ctx: context.Background(), gated: map[string]time.Time{}}
+}
+
+// run handles turns until ctx ends, then finishes what it holds.
+func (w *worker) run(ctx context.Context) {
+	w.ctx = ctx
+	for {
+		batch := w.q.take(turnInputs)
+		if len(batch) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.q.signal:
+				continue
+			}
+		}
+		w.turn(ctx, batch)
+	}
+}
+
+// jobTurn is one job's part of a turn.
+type jobTurn struct {
+	id     string
+	js     *jobState
+	inputs []input
+	// settle says what to do with each input's message once the writes
+	// landed.
+	settle []settlement
+	tasks  []task
+	events []outEvent
+	// landed holds what was written: a step's index, or -1 for the job
+	// record (which holds an inline job's steps).
+	landed map[int]bool
+	// controls are cancel orders to agents, sent after the writes.
+	controls []control
+	replies  []reply
+
+	w1, w2 []jobstore.Write
+	i1, i2 []int
+	// admitted are the steps that took concurrency slots this turn
+	// (workflow.go); they are given back if the writes do not land.
+	admitted []int
+	err      error // a lost CAS or a store error: the inputs are retried
+	more     bool  // more ready steps than one slice: continue
+	// wait, when set, says the job waits (no agent, a retry's backoff):
+	// its messages are handed back with this delay, the durable fallback
+	// to an in-memory wake.
+	wait     time.Duration
+	finished bool
+	// fresh says the job's state was read from the store (or created) in
+	// this turn; reload asks for that before an input can be judged.
+	fresh, reload bool
+	// agentWait says a step waits for an agent or a free slot (not for a
+	// gate or a backoff).
+	agentWait bool
+}
+
+// task is a dispatch to publish once step idx's record has landed; a
+// republished one's record is already stored.
+type task struct {
+	idx       int
+	msg       *nats.Msg
+	republish bool
+}
+
+type settlement struct {
+	term string // non-empty: terminate the message with this reason
+}
+
+type control struct {
+	subject string
+	body    []byte
+}
+
+type reply struct {
+	to   string
+	body []byte
+}
+
+func (w *worker) turn(ctx context.Context, batch []input) {
+	var (
+		order []*jobTurn
+		byJob = map[string]*jobTurn{}
+		later []input
+	)
+	for _, in := range w.expandWakes(batch) {
+		jt := byJob[in.job]
+		if jt == nil {
+			jt = &jobTurn{id: in.job}
+			byJob[in.job] = jt
+			order = append(order, jt)
+		}
+		if len(jt.inputs) >= sliceInputs {
+			later = append(later, in)
+			continue
+		}
+		if in.kind == inGateFreed {
+			if !w.gateFreed(in.job) {
+				continue
+			}
+			in.kind = inWake
+		}
+		if in.kind == inAdvance {
+			// Someone else changed the job (released a step, cancelled it):
+			// what this worker cached is out of date.
+			delete(w.cache, in.job)
+		}
+		jt.inputs = append(jt.inputs, in)
+	}
+	if len(later) > 0 {
+		w.q.push(later...)
+	}
+	now := w.s.now().UTC()
+	w.turns++
+	for _, jt := range order {
+		w.prepare(ctx, jt, now)
+		if jt.js != nil {
+			jt.js.used = w.turns
+		}
+	}
+	w.writeRound(ctx, order, 1)
+	w.writeRound(ctx, order, 2)
+	w.publish(ctx, order)
+	for _, jt := range order {
+		w.finish(jt)
+	}
+	w.trimCache()
+}
+
+// writeRound writes round 1 or 2 of every job still going, pipelined.
+func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
+	b := w.s.store.Batch()
+	type ref struct {
+		jt  *jobTurn
+		idx int
+	}
+	var refs []ref
+	for _, jt := range order {
+		if jt.err != nil {
+			continue
+		}
+		ws, idx := jt.w1, jt.i1
+		if round == 2 {
+			ws, idx = jt.w2, jt.i2
+		}
+		for k, wr := range ws {
+			b.Add(wr)
+			refs = append(refs, ref{jt, idx[k]})
+		}
+	}
+	if b.Len() == 0 {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	for k, r := range b.Wait(wctx) {
+		res := refs[k]
+		jt := res.jt
+		if r.Err != nil {
+			if jt.err == nil {
+				jt.err = r.Err
+			}
+			continue
+		}
+		if jt.landed == nil {
+			jt.landed = map[int]bool{}
+		}
+		jt.landed[res.idx] = true
+		if res.idx < 0 {
+			jt.js.jobRev = r.Rev
+			if jt.js.job.Inline {
+				for i := range jt.js.revs {
+					jt.js.revs[i] = r.Rev
+				}
+			}
+		} else {
+			jt.js.revs[res.idx] = r.Rev
+		}
+	}
+}
+
+// publish sends the tasks and events of every job whose writes landed, and
+// waits for their PubAcks; then the cancel orders.
+func (w *worker) publish(ctx context.Context, order []*jobTurn) {
+	type pending struct {
+		jt  *jobTurn
+		f   jetstream.PubAckFuture
+		msg *nats.Msg
+	}
+	var futs []pending
+	for _, jt := range order {
+		// A step whose dispatch landed gets its task even if another write
+		// of the turn lost a race: otherwise it would wait for its lease.
+		for _, t := range jt.tasks {
+			landed := jt.landed[t.idx]
+			if jt.js.job.Inline {
+				landed = jt.landed[-1]
+			}
+			if !landed && !t.republish {
+				continue
+			}
+			m := t.msg
+			f, err := w.s.js.PublishMsgAsync(m)
+			if err != nil {
+				w.log.Warn().Err(err).Str("subject", m.Subject).Msg("task publish failed; the supervisor recovers the step when its lease ends")
+				continue
+			}
+			futs = append(futs, pending{jt, f, m})
+		}
+		if jt.err != nil {
+			continue
+		}
+		for _, e := range jt.events {
+			m, err := w.s.eventMsg(e)
+			if err != nil {
+				continue
+			}
+			f, err := w.s.js.PublishMsgAsync(m)
+			if err != nil {
+				w.log.Warn().Err(err).Str("kind", string(e.Kind)).Msg("event publish failed")
+				continue
+			}
+			futs = append(futs, pending{jt, f, m})
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	for _, p := range futs {
+		select {
+		case <-p.f.Ok():
+		case err := <-p.f.Err():
+			w.log.Warn().Err(err).Str("subject", p.msg.Subject).Msg("publish failed; the supervisor recovers the step when its lease ends")
+		case <-wctx.Done():
+			w.log.Warn().Str("subject", p.msg.Subject).Msg("no PubAck in time; the supervisor recovers the step when its lease ends")
+		}
+	}
+	for _, jt := range order {
+		if jt.err != nil {
+			continue
+		}
+		for _, c := range jt.controls {
+			// An order, not a request: the agent's confirmation is its
+			// result (cancelled); if none comes, the lease ends the step.
+			_ = w.s.nc.Publish(c.subject, c.body)
+		}
+		for _, r := range jt.replies {
+			_ = w.s.nc.Publish(r.to, r.body)
+		}
+	}
+}
+
+// finish settles a job's inputs after its writes: acknowledged, handed
+// back for later (the job waits), or retried after a lost CAS.
+func (w *worker) finish(jt *jobTurn) {
+	if jt.err != nil {
+		w.retry(jt)
+		return
+	}
+	if jt.finished || (jt.js != nil && jt.js.job.State.Terminal()) {
+		delete(w.cache, jt.id)
+		delete(w.waiting, jt.id)
+	}
+	var msgs []jetstream.Msg
+	for k, in := range jt.inputs {
+		if in.req != nil {
+			if t := jt.settle[k].term; t != "" {
+				_ = in.req.Respond(protocol.ErrorReply(protocol.CodeNotFound, errors.New(t)))
+			} else {
+				_ = in.req.Respond(protocol.OKReply(""))
+			}
+		}
+		if in.msg != nil && jt.settle[k].term != "" {
+			_ = in.msg.TermWithReason(jt.settle[k].term)
+			continue
+		}
+		msgs = append(msgs, in.held...)
+		if in.msg != nil {
+			msgs = append(msgs, in.msg)
+		}
+	}
+	switch {
+	case jt.more:
+		// Not done dispatching: the messages ride along, so that a crash
+		// before the job's dispatching is done redelivers them.
+		for _, m := range msgs {
+			_ = m.InProgress()
+		}
+		w.q.push(input{kind: inContinue, job: jt.id, held: msgs, at: w.s.now()})
+	case jt.wait > 0:
+		// Only a wait for an agent or a slot is woken by presence changes
+		// and freed slots; a gate (concurrency key, rate limit) or a retry
+		// backoff wakes its own job (workflow.go), and waking every gated
+		// job at each freed slot stormed the concurrency key's record.
+		if jt.agentWait {
+			w.waiting[jt.id] = jt.js.inFlight()
+		} else {
+			delete(w.waiting, jt.id)
+		}
+		for _, m := range msgs {
+			_ = m.NakWithDelay(jt.wait)
+		}
+	default:
+		delete(w.waiting, jt.id)
+		for _, m := range msgs {
+			_ = m.Ack()
+		}
+	}
+}
+
+// retry drops the job's cached records (someone else wrote it) and puts its
+// inputs back to be applied to a fresh read; after maxTries it hands the
+// messages back to the stream.
+func (w *worker) retry(jt *jobTurn) {
+	w.releaseAdmitted(jt)
+	delete(w.cache, jt.id)
+	conflict := errors.Is(jt.err, jobstore.ErrConflict) || errors.Is(jt.err, jobstore.ErrExists)
+	var again []input
+	for _, in := range jt.inputs {
+		in.tries++
+		if in.tries < maxTries && conflict {
+			again = append(again, in)
+			continue
+		}
+		w.log.Warn().Err(jt.err).Str("job", jt.id).Int("tries", in.tries).Msg("handling failed; handing the message back")
+		// Soon, with jitter: a lost race is over in milliseconds; a store
+		// error is retried on the consumer's schedule, not in a loop here.
+		delay := conflictRetry + time.Duration(rand.Int64N(int64(conflictRetry)))
+		if !conflict {
+			delay = w.s.cfg.CapacityRetry.Std() * 5
+		}
+		for _, m := range in.held {
+			_ = m.NakWithDelay(delay)
+		}
+		if in.msg != nil {
+			_ = in.msg.NakWithDelay(delay)
+		}
+		if in.req != nil {
+			_ = in.req.Respond(protocol.ErrorReply(protocol.CodeFailed, jt.err))
+		}
+	}
+	if len(again) > 0 {
+		w.q.pushFront(again...)
+	}
+}

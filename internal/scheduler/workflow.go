@@ -1,0 +1,286 @@
+package scheduler
+
+// Issue 13's features as the scheduler applies them: concurrency keys and
+// named rate limits gate a step's dispatch (admit, releaseGates), and a
+// submission that asks to start later is handed to the server's message
+// schedule instead of being materialised now (delaySubmission).
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/internal/ratelimit"
+	"github.com/wardenhq/warden/internal/schedule"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/streams"
+)
+
+// gates are the shared limits a step passes before it is dispatched.
+type gates struct {
+	conc *concurrency.Limiter
+	rate *ratelimit.Limiter
+	sub  *nats.Subscription // SubjectControlGateFreed
+
+	// mu guards nextTry: per rate limit, the next retry time handed out,
+	// so that steps refused by a limit come back one after another rather
+	// than all at its next grant (a herd that costs turns and grants).
+	mu      sync.Mutex
+	nextTry map[string]time.Time
+}
+
+// rateRetry spreads the retries of steps refused by limit name: each gets
+// the later of the limiter's answer and the last one handed out plus half
+// an emission interval (other schedulers compete for the same grants).
+func (s *Scheduler) rateRetry(name string, at time.Time) time.Time {
+	lim := s.cfg.RateLimits[name].WithDefaults()
+	step := lim.Interval.Std() / time.Duration(2*lim.Limit)
+	g := &s.gates
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.nextTry == nil {
+		g.nextTry = map[string]time.Time{}
+	}
+	if n := g.nextTry[name]; n.After(at) {
+		at = n
+	}
+	g.nextTry[name] = at.Add(step)
+	return at
+}
+
+// slotMargin is added to a step's lease to form its concurrency slot's
+// lease: the slot outlives every moment the step's agent may still work.
+const slotMargin = time.Second
+
+// openGates creates the workflow stream and buckets and opens the limiters.
+func (s *Scheduler) openGates(ctx context.Context) error {
+	if err := streams.EnsureWorkflow(ctx, s.js, s.cfg.streamOptions()); err != nil {
+		return err
+	}
+	conc, err := concurrency.New(ctx, s.js, concurrency.Config{})
+	if err != nil {
+		return err
+	}
+	rate, err := ratelimit.New(ctx, s.js, s.cfg.RateLimits)
+	if err != nil {
+		return err
+	}
+	// A freed slot's waiter may belong to another scheduler: tell them all;
+	// the owner (the one caching the job) acts.
+	sub, err := s.nc.Subscribe(protocol.SubjectControlGateFreed, func(m *nats.Msg) {
+		if job := string(m.Data); protocol.ValidToken(job) {
+			s.route(input{kind: inGateFreed, job: job, at: s.now()})
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", protocol.SubjectControlGateFreed, err)
+	}
+	s.gates.conc, s.gates.rate, s.gates.sub = conc, rate, sub
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				s.reportBacklog(now)
+			}
+		}
+	}()
+	return nil
+}
+
+func (s *Scheduler) closeGates() {
+	if s.gates.sub != nil {
+		_ = s.gates.sub.Unsubscribe()
+	}
+}
+
+// holderID names a step as a concurrency-slot holder: the step, not the
+// attempt, so that a re-dispatch renews its own slot.
+func holderID(job, step string) string { return job + "." + step }
+
+// admit takes the concurrency slots and the rate-limit grant step i needs.
+// When it cannot, it gives back what it took and says when to look again
+// and why (for the step's waiting field).
+func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time.Time, why string) {
+	sp := &jt.js.job.Spec
+	ss := sp.Steps[i]
+	keys := sp.StepConcurrency(ss)
+	if len(keys) == 0 && ss.RateLimit == "" {
+		return true, time.Time{}, ""
+	}
+	st := jt.js.steps[i]
+	if jt.js.jobRev == 0 {
+		// The job's records are not created yet (or this is a resubmission
+		// of a job that exists): take nothing shared before the create has
+		// landed. The job continues right after it.
+		w.wakeAt(jt.id, now.Add(10*time.Millisecond))
+		return false, now.Add(10 * time.Millisecond), st.Waiting
+	}
+	holder := holderID(st.JobID, st.ID)
+	if until, ok := w.gated[holder]; ok && now.Before(until) {
+		// Queued behind others: a Release wakes it (gateFreed) or its
+		// place is renewed then.
+		return false, until, st.Waiting
+	}
+	delete(w.gated, holder)
+	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	lease := st.Timeout.Std() + w.s.cfg.DispatchGrace.Std() + slotMargin
+	var held []spec.Concurrency
+	undo := func() {
+		for _, k := range held {
+			_, _ = w.s.gates.conc.Release(ctx, k.Key, holder)
+		}
+	}
+	for _, k := range keys {
+		granted, at, err := w.s.gates.conc.Acquire(ctx, k.Key, k.Limit, holder, lease)
+		if err != nil {
+			undo()
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), fmt.Sprintf("concurrency key %s: %v", k.Key, err)
+		}
+		if !granted {
+			undo()
+			w.gated[holder] = at
+			return false, at, fmt.Sprintf("waiting for concurrency key %s (limit %d)", k.Key, k.Limit)
+		}
+		held = append(held, k)
+	}
+	if ss.RateLimit != "" {
+		granted, at, err := w.s.gates.rate.Allow(ctx, ss.RateLimit, "")
+		if err != nil {
+			undo()
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), fmt.Sprintf("rate limit %s: %v", ss.RateLimit, err)
+		}
+		if !granted {
+			undo()
+			return false, w.s.rateRetry(ss.RateLimit, at), "waiting for rate limit " + ss.RateLimit
+		}
+	}
+	jt.admitted = append(jt.admitted, i)
+	return true, time.Time{}, ""
+}
+
+// releaseAdmitted gives back the slots a turn took for dispatches whose
+// writes did not land (a lost compare-and-set): the retry admits again.
+func (w *worker) releaseAdmitted(jt *jobTurn) {
+	if jt.js == nil {
+		return
+	}
+	for _, i := range jt.admitted {
+		w.releaseGates(jt, i)
+	}
+	jt.admitted = nil
+}
+
+// releaseGates gives back step i's concurrency slots once it no longer
+// runs (its result arrived, or it was never dispatched after all), and
+// wakes the jobs whose steps the freed slots now belong to.
+func (w *worker) releaseGates(jt *jobTurn, i int) {
+	sp := &jt.js.job.Spec
+	keys := sp.StepConcurrency(sp.Steps[i])
+	if len(keys) == 0 {
+		return
+	}
+	st := jt.js.steps[i]
+	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	for _, k := range keys {
+		next, err := w.s.gates.conc.Release(ctx, k.Key, holderID(st.JobID, st.ID))
+		if err != nil {
+			// The slot's lease frees it; waiters retry by then.
+			w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", k.Key).
+				Msg("concurrency slot not released; its lease will free it")
+			continue
+		}
+		for _, h := range next {
+			if job, _, ok := strings.Cut(h, "."); ok {
+				_ = w.s.nc.Publish(protocol.SubjectControlGateFreed, []byte(job))
+			}
+		}
+	}
+}
+
+// gateFreed forgets that job's steps wait in a concurrency queue, so that
+// the wake that follows asks the key again. It reports whether to wake the
+// job: always. A job this worker has not cached (dropped after a lost race,
+// or owned by another scheduler) is read afresh; skipping it lost the wake
+// and left the key with waiters and no holder. Two schedulers waking the
+// same job is safe: the key's compare-and-set admits one step, the job
+// record's admits one dispatch, and results are judged against the stored
+// job.
+func (w *worker) gateFreed(job string) bool {
+	for h := range w.gated {
+		if strings.HasPrefix(h, job+".") {
+			delete(w.gated, h)
+		}
+	}
+	return true
+}
+
+// wakeAt retries a job held back by a gate at the time the gate named: a
+// rate limit's next grant is known to the millisecond, and waiting for the
+// message's redelivery would waste grants. The nak delay stays the durable
+// fallback.
+func (w *worker) wakeAt(job string, at time.Time) {
+	time.AfterFunc(max(time.Until(at), 0), func() {
+		w.q.push(input{kind: inWake, job: job, at: w.s.now()})
+	})
+}
+
+// checkRateLimits refuses a spec naming a rate limit this scheduler does
+// not define.
+func (s *Scheduler) checkRateLimits(sp *spec.Job) error {
+	for i, st := range sp.Steps {
+		if st.RateLimit != "" && !s.gates.rate.Known(st.RateLimit) {
+			return &spec.ValidationError{Reason: spec.ReasonInvalidValue, Field: fmt.Sprintf("steps[%d].rate_limit", i),
+				Msg: fmt.Sprintf("no rate limit named %q in the scheduler's rate_limits", st.RateLimit)}
+		}
+	}
+	return nil
+}
+
+// delaySubmission hands a submission whose spec starts later (run_at,
+// delay) to a message schedule on warden.delay.<job>, which the server
+// releases onto the job's submit subject at that time; it reports whether
+// it did. A submission the server released already is never delayed
+// again. Submitters that use pkg/client publish delayed submissions
+// themselves; this covers hand-made ones.
+func (s *Scheduler) delaySubmission(ctx context.Context, in *input, sp *spec.Job) (bool, error) {
+	h := in.msg.Headers()
+	if schedule.Released(h) {
+		return false, nil
+	}
+	submitted := s.now()
+	if md, err := in.msg.Metadata(); err == nil {
+		submitted = md.Timestamp
+	}
+	at := sp.StartAt(submitted)
+	if !at.After(s.now()) {
+		return false, nil
+	}
+	m := nats.NewMsg(protocol.SubmitSubject(in.job))
+	m.Data = in.msg.Data()
+	for k, v := range h {
+		if !strings.HasPrefix(k, "Nats-") {
+			m.Header[k] = v
+		}
+	}
+	m.Header.Set(protocol.HeaderJobID, in.job)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.WriteTimeout.Std())
+	defer cancel()
+	if _, err := schedule.PublishDelayed(ctx, s.js, m, at); err != nil {
+		return false, fmt.Errorf("delay job %s until %s: %w", in.job, at.Format(time.RFC3339), err)
+	}
+	s.log.Info().Str(logging.FieldJob, in.job).Time("run_at", at).Msg("submission delayed")
+	return true, nil
+}

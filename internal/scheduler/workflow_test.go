@@ -1,0 +1,441 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ratelimit"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/internal/supervisor"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/agenttest"
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// runs records what the agents themselves saw: when each execution of a
+// step started and finished, by agent.
+type runs struct {
+	mu   sync.Mutex
+	list []run
+}
+
+type run struct {
+	job, agent    string
+	start, finish time.Time // finish zero: the agent died holding it
+}
+
+func (r *runs) script(agentID string, hold time.Duration) agenttest.Script {
+	return func(ctx context.Context, t *agent.Task) (any, error) {
+		r.mu.Lock()
+		k := len(r.list)
+		r.list = append(r.list, run{job: t.JobID, agent: agentID, start: time.Now()})
+		r.mu.Unlock()
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		r.mu.Lock()
+		r.list[k].finish = time.Now()
+		r.mu.Unlock()
+		return "ok", nil
+	}
+}
+
+func (r *runs) snapshot() []run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.list)
+}
+
+func startSchedulers(t *testing.T, b *bundle, n int, cfg scheduler.Config) {
+	t.Helper()
+	for range n {
+		b.startScheduler(t, cfg)
+	}
+}
+
+func publishJobs(t *testing.T, b *bundle, n int, prefix, body string) []string {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		id := fmt.Sprintf("%s-%04d", prefix, i)
+		ids = append(ids, id)
+		m := nats.NewMsg(protocol.SubmitSubject(id))
+		m.Data = []byte(body)
+		m.Header.Set(protocol.HeaderJobID, id)
+		if _, err := b.js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-b.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("submissions not acknowledged")
+	}
+	return ids
+}
+
+func (b *bundle) allEnded(t *testing.T, ids []string) (succeeded int, ok bool) {
+	t.Helper()
+	for _, id := range ids {
+		j, _, err := b.store.Job(context.Background(), id)
+		if err != nil || !j.State.Terminal() {
+			return succeeded, false
+		}
+		if j.State == jobstore.JobSucceeded {
+			succeeded++
+		}
+	}
+	return succeeded, true
+}
+
+// TestDelayedJobStartsOnTime: a job submitted with delay: 2s through the
+// client is not started by an agent before 2 s have passed, and starts
+// within its dispatch latency after.
+func TestDelayedJobStartsOnTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var rs runs
+	a.Script(rs.script("a1", 0))
+	c := client.New(b.js, client.Options{})
+	submitted := time.Now()
+	rc, err := c.Submit(context.Background(), []byte(`{"name":"later","delay":"2s","steps":[{"id":"s","action":"echo"}]}`), client.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.StartsAt.Before(submitted.Add(2 * time.Second)) {
+		t.Fatalf("receipt says it starts at %s, before its delay", rc.StartsAt)
+	}
+	b.waitJob(t, rc.JobID, jobstore.JobSucceeded)
+	got := rs.snapshot()
+	if len(got) != 1 {
+		t.Fatalf("%d executions, want 1", len(got))
+	}
+	if early := rc.StartsAt.Sub(got[0].start); early > 0 {
+		t.Fatalf("the agent started the step %s before its time", early)
+	}
+	t.Logf("delay 2s: the agent started the step %s after submission, %s after its time",
+		got[0].start.Sub(submitted).Round(time.Millisecond), got[0].start.Sub(rc.StartsAt).Round(time.Millisecond))
+}
+
+// TestConcurrencyKeyNeverOverlaps: 500 jobs share a concurrency key with
+// limit 1, a scheduler dispatches them to three agents, and one agent is
+// killed while it holds the key (the supervisor takes its step back). From the agents' own start and finish
+// records, no two executions ever overlap (a killed agent's execution
+// counts as running until its lease ended), and every job succeeds.
+func TestConcurrencyKeyNeverOverlaps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("500 jobs")
+	}
+	// Not parallel: it measures nothing, but a CPU-starved run takes
+	// minutes; the other tests run after it.
+	const jobs = 500
+	b := setup(t)
+	cfg := scheduler.Config{DispatchGrace: protocol.Duration(time.Second), CapacityRetry: protocol.Duration(50 * time.Millisecond)}
+	startSchedulers(t, b, 1, cfg)
+	runSupervisor(t, b, supervisor.Config{RecoveryGrace: protocol.Duration(200 * time.Millisecond)})
+	var rs runs
+	var agents []*agenttest.Agent
+	for i := range 3 {
+		id := fmt.Sprintf("a%d", i)
+		a := agenttest.StartAgent(t, b.nc, agent.Config{ID: id, Pool: "default", MaxConcurrent: 4})
+		a.Script(rs.script(id, time.Millisecond))
+		agents = append(agents, a)
+	}
+	body := `{"name":"sync","concurrency":{"key":"customer-42","limit":1},"steps":[{"id":"s","action":"echo","timeout":"2s"}]}`
+	ids := publishJobs(t, b, jobs, "conc", body)
+
+	// Kill agent a0 while it holds the key: swap its script for one that
+	// blocks, wait until it took a task, then crash it.
+	victim := agents[0]
+	taken := make(chan struct{}, 1)
+	var killedAt time.Time
+	victim.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		rs.mu.Lock()
+		rs.list = append(rs.list, run{job: task.JobID, agent: "a0", start: time.Now()})
+		rs.mu.Unlock()
+		select {
+		case taken <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	select {
+	case <-taken:
+		// Stop returns once the runtime stopped: the handler has returned,
+		// so the killed execution ends no later than now.
+		victim.Stop()
+		killedAt = time.Now()
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent a0 never took a task")
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if _, ok := b.allEnded(t, ids); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			ended := 0
+			for _, id := range ids {
+				if j, _, err := b.store.Job(context.Background(), id); err == nil && j.State.Terminal() {
+					ended++
+				}
+			}
+			st, _ := concurrency.New(context.Background(), b.js, concurrency.Config{})
+			state, _ := st.Inspect(context.Background(), "customer-42")
+			t.Fatalf("after 3m: %d of %d jobs ended, %d executions; key: %+v", ended, jobs, len(rs.snapshot()), state)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n, _ := b.allEnded(t, ids); n != jobs {
+		t.Fatalf("%d of %d jobs succeeded", n, jobs)
+	}
+	got := rs.snapshot()
+	// The killed execution ran until the agent was killed.
+	for k := range got {
+		if got[k].finish.IsZero() {
+			got[k].finish = killedAt
+		}
+	}
+	slices.SortFunc(got, func(x, y run) int { return x.start.Compare(y.start) })
+	for k := 1; k < len(got); k++ {
+		if got[k].start.Before(got[k-1].finish) {
+			t.Fatalf("job %s started on %s at %s while job %s on %s ran until %s",
+				got[k].job, got[k].agent, got[k].start.Format(time.StampMicro), got[k-1].job, got[k-1].agent, got[k-1].finish.Format(time.StampMicro))
+		}
+	}
+	t.Logf("%d jobs, key limit 1, 3 agents, a0 killed at %s holding the key: %d executions, none overlapping",
+		jobs, killedAt.Format(time.StampMilli), len(got))
+}
+
+// TestRateLimitAcrossSchedulers: 600 jobs whose step uses a 50/s limit,
+// two schedulers: the agents' start times show 50/s within 10%.
+func TestRateLimitAcrossSchedulers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("12 s")
+	}
+	// Not parallel: the rate is measured.
+	const rate, jobs = 50, 600
+	b := setup(t)
+	cfg := scheduler.Config{RateLimits: ratelimit.Config{"crm": {Limit: rate, Interval: protocol.Duration(time.Second)}}}
+	startSchedulers(t, b, 2, cfg)
+	var rs runs
+	for i := range 2 {
+		id := fmt.Sprintf("a%d", i)
+		a := agenttest.StartAgent(t, b.nc, agent.Config{ID: id, Pool: "default", MaxConcurrent: 16})
+		a.Script(rs.script(id, 0))
+	}
+	ids := publishJobs(t, b, jobs, "rl", `{"name":"call","steps":[{"id":"s","action":"echo","rate_limit":"crm"}]}`)
+	natstest.Eventually(t, 2*time.Minute, "every job ended", func() bool {
+		_, ok := b.allEnded(t, ids)
+		return ok
+	})
+	got := rs.snapshot()
+	slices.SortFunc(got, func(x, y run) int { return x.start.Compare(y.start) })
+	// The steady state: the 10 s after the first second (which may hold
+	// the burst).
+	from := got[0].start.Add(time.Second)
+	n := 0
+	for _, r := range got {
+		if !r.start.Before(from) && r.start.Before(from.Add(10*time.Second)) {
+			n++
+		}
+	}
+	perSec := float64(n) / 10
+	t.Logf("rate limit %d/s, 2 schedulers: %d starts in 10 s (%.1f/s); %d jobs took %s",
+		rate, n, perSec, len(got), got[len(got)-1].start.Sub(got[0].start).Round(time.Millisecond))
+	if perSec > rate*1.1 || perSec < rate*0.9 {
+		t.Fatalf("%.1f starts/s, want %d/s within 10%%", perSec, rate)
+	}
+}
+
+func runSupervisor(t *testing.T, b *bundle, cfg supervisor.Config) {
+	t.Helper()
+	nc, _ := b.srv.Connect(t)
+	v, err := supervisor.New(cfg, nc, testLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- v.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+// TestHighPriorityOvertakesBacklog: 1,000 low-priority jobs wait for one
+// agent that runs one step at a time; then a high-priority job and 100
+// more low-priority jobs are submitted. The agent starts the high-priority
+// job before any low-priority job submitted after it.
+func TestHighPriorityOvertakesBacklog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,100 jobs")
+	}
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{CapacityRetry: protocol.Duration(50 * time.Millisecond)})
+	var rs runs
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "solo", Pool: "default", MaxConcurrent: 1})
+	a.Script(rs.script("solo", time.Millisecond))
+	low := `{"name":"low","priority":"low","steps":[{"id":"s","action":"echo"}]}`
+	before := publishJobs(t, b, 1000, "low-before", low)
+	natstest.Eventually(t, 30*time.Second, "a backlog is being worked off", func() bool { return len(rs.snapshot()) >= 20 })
+	high := publishJobs(t, b, 1, "high", `{"name":"high","priority":"high","steps":[{"id":"s","action":"echo"}]}`)
+	after := publishJobs(t, b, 100, "low-after", low)
+	all := append(append(before, high...), after...)
+	natstest.Eventually(t, 3*time.Minute, "every job ended", func() bool { _, ok := b.allEnded(t, all); return ok })
+	got := rs.snapshot()
+	slices.SortFunc(got, func(x, y run) int { return x.start.Compare(y.start) })
+	pos := map[string]int{}
+	for k, r := range got {
+		if _, ok := pos[r.job]; !ok {
+			pos[r.job] = k
+		}
+	}
+	hp, firstAfter := pos[high[0]], len(got)
+	for _, id := range after {
+		firstAfter = min(firstAfter, pos[id])
+	}
+	lowBeforeAfterHigh := 0
+	for _, id := range before {
+		if pos[id] > hp {
+			lowBeforeAfterHigh++
+		}
+	}
+	t.Logf("backlog of 1000 low: the high job started %d-th; the first low job submitted after it started %d-th; %d earlier low jobs started after it",
+		hp+1, firstAfter+1, lowBeforeAfterHigh)
+	if hp > firstAfter {
+		t.Fatalf("the high-priority job started after a low-priority job submitted after it")
+	}
+}
+
+// TestCompensationInReverseOrder: reserve-seat -> reserve-car -> charge;
+// charge fails permanently. The compensations of the two steps that
+// succeeded run, car's before seat's (reverse dependency order), and the
+// job ends compensated. When seat's compensation keeps failing it is
+// retried (max_retries 1: two attempts) and the job ends
+// compensation_failed.
+func TestCompensationInReverseOrder(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		undoFail bool
+		want     jobstore.JobState
+	}{
+		{"compensated", false, jobstore.JobCompensated},
+		{"compensation_failed", true, jobstore.JobCompensationFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.startScheduler(t, scheduler.Config{})
+			a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+			var mu sync.Mutex
+			var order []string
+			a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+				mu.Lock()
+				order = append(order, task.StepID)
+				mu.Unlock()
+				switch {
+				case task.StepID == "charge":
+					return nil, agent.Permanent(fmt.Errorf("card declined"))
+				case task.StepID == "seat_compensate" && c.undoFail:
+					return nil, agent.Retriable(fmt.Errorf("seat service down"))
+				}
+				return "ok", nil
+			})
+			spec := `{"name":"trip","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo","max_retries":1,"retry":{"base_backoff":"10ms"}}},
+ {"id":"car","action":"echo","depends_on":["seat"],"compensate":{"action":"echo"}},
+ {"id":"charge","action":"echo","depends_on":["car"],"compensate":{"action":"echo"}}]}`
+			publishJobs(t, b, 1, "trip", spec)
+			job := b.waitJob(t, "trip-0000", c.want)
+			mu.Lock()
+			got := strings.Join(order, " ")
+			mu.Unlock()
+			want := "seat car charge car_compensate seat_compensate"
+			if c.undoFail {
+				want += " seat_compensate"
+			}
+			if got != want {
+				t.Fatalf("executions %q, want %q", got, want)
+			}
+			steps, err := b.store.Steps(context.Background(), job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hist []string
+			for _, s := range steps {
+				hist = append(hist, fmt.Sprintf("%s:%s(%d)", s.ID, s.State, len(s.Attempts)))
+			}
+			for _, kind := range []protocol.EventKind{protocol.EventJobCompensating, protocol.EventJobCompensationEnded} {
+				natstest.Eventually(t, 5*time.Second, "event "+string(kind), func() bool {
+					evs, err := events.List(context.Background(), b.js, kind, 0)
+					return err == nil && len(evs) == 1 && evs[0].JobID == job.ID
+				})
+			}
+			t.Logf("job %s: %s; steps %v; error %q; events job_compensating, job_compensation_ended", job.ID, job.State, hist, job.Error)
+		})
+	}
+}
+
+// TestCancelWithCompensation: seat -> car -> wait; while wait runs the job
+// is cancelled with compensation: wait is interrupted, then car's and
+// seat's compensations run in that order and the job ends compensated.
+func TestCancelWithCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var mu sync.Mutex
+	var order []string
+	running := make(chan struct{}, 1)
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		mu.Lock()
+		order = append(order, task.StepID)
+		mu.Unlock()
+		if task.StepID == "wait" {
+			running <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return "ok", nil
+	})
+	publishJobs(t, b, 1, "trip", `{"name":"trip","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"car","action":"echo","depends_on":["seat"],"compensate":{"action":"echo"}},
+ {"id":"wait","action":"echo","depends_on":["car"],"compensate":{"action":"echo"}}]}`)
+	select {
+	case <-running:
+	case <-time.After(20 * time.Second):
+		t.Fatal("wait never started")
+	}
+	if _, err := client.New(b.js, client.Options{}).CancelCompensate(context.Background(), "trip-0000"); err != nil {
+		t.Fatal(err)
+	}
+	job := b.waitJob(t, "trip-0000", jobstore.JobCompensated)
+	mu.Lock()
+	got := strings.Join(order, " ")
+	mu.Unlock()
+	if got != "seat car wait car_compensate seat_compensate" {
+		t.Fatalf("executions %q", got)
+	}
+	t.Logf("cancelled with compensation: executions %q, job %s (%s)", got, job.State, job.Error)
+}

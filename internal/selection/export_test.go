@@ -1,0 +1,6 @@
+package selection
+
+import "time"
+
+// SetClock replaces the selector's clock (tests only).
+func SetClock(s *Selector, now func() time.Time) { s.now = now }

@@ -1,0 +1,257 @@
+package selection
+
+import (
+	"math/rand/v2"
+	"slices"
+)
+
+// exactLimit is the size up to which a set is evaluated whole: every
+// strategy then decides exactly as its definition says.
+const exactLimit = 64
+
+// sampleSize is how many open agents an untargeted decision in a larger
+// set draws (with replacement) for score, least_loaded and affinity.
+const sampleSize = 8
+
+// pick applies the pool's strategy to the available agents; nil when the
+// strategy finds every allowed agent full. commit moves the round-robin
+// cursor.
+func (s *Selector) pick(available []candidate, req Request, commit bool) *candidate {
+	strategy := s.cfg.strategyOf(req.Pool)
+	if req.Agent != "" {
+		strategy = StrategyScore // one agent: nothing to choose
+	}
+	switch strategy {
+	case StrategyStandby:
+		primary := &available[0]
+		for i := range available {
+			if available[i].p.ID < primary.p.ID {
+				primary = &available[i]
+			}
+		}
+		if primary.full() {
+			return nil
+		}
+		return primary
+	case StrategyRoundRobin:
+		last := s.cursor[req.Pool]
+		var first, next *candidate // lowest id overall, lowest id after last
+		for i := range available {
+			c := &available[i]
+			if c.full() {
+				continue
+			}
+			if first == nil || c.p.ID < first.p.ID {
+				first = c
+			}
+			if c.p.ID > last && (next == nil || c.p.ID < next.p.ID) {
+				next = c
+			}
+		}
+		if next == nil {
+			next = first
+		}
+		if next != nil && commit {
+			s.cursor[req.Pool] = next.p.ID
+		}
+		return next
+	case StrategyLeastLoaded:
+		return best(available, func(a, b *candidate) int {
+			if la, lb := a.load(), b.load(); la != lb {
+				return cmpFloat(lb, la) // lower load is better
+			}
+			return cmpFloat(a.factor, b.factor)
+		})
+	case StrategyAffinity:
+		if want := s.affinity(req); len(want) > 0 {
+			matching := best(available, func(a, b *candidate) int {
+				if ma, mb := hasLabels(a.p.Labels, want), hasLabels(b.p.Labels, want); ma != mb {
+					if ma {
+						return 1
+					}
+					return -1
+				}
+				return byScore(a, b)
+			})
+			return matching
+		}
+	}
+	return best(available, byScore)
+}
+
+// fast decides for an untargeted request in a set larger than exactLimit
+// without looking at every member; nil sends the caller to the exact
+// evaluation (which then also finds the precise error); an error is final. round_robin and
+// standby walk the set in id order from where they left off, so they stay
+// exact; score, least_loaded and affinity take the best of sampleSize open
+// agents drawn at random (the power of d choices), which at this size
+// spreads load as well as the global best without its cost.
+func (s *Selector) fast(src *set, req Request, commit bool) (*entry, error) {
+	match := func(e *entry) bool {
+		return e.offers(req.Action) && hasAll(e.p.Capabilities, req.Requires)
+	}
+	switch s.cfg.strategyOf(req.Pool) {
+	case StrategyStandby:
+		for _, e := range src.all {
+			if e.eligible && match(e) {
+				if e.open {
+					return e, nil
+				}
+				return nil, errAtCapacity(req) // the primary is full: wait for it
+			}
+		}
+		return nil, nil
+	case StrategyRoundRobin:
+		last := s.cursor[req.Pool]
+		start, found := slices.BinarySearchFunc(src.all, last, byID)
+		if found {
+			start++
+		}
+		for i := range len(src.all) {
+			e := src.all[(start+i)%len(src.all)]
+			if e.open && match(e) {
+				if commit {
+					s.cursor[req.Pool] = e.p.ID
+				}
+				return e, nil
+			}
+		}
+		return nil, nil
+	case StrategyLeastLoaded:
+		return s.sample(src, match, func(a, b *candidate) int {
+			if la, lb := a.load(), b.load(); la != lb {
+				return cmpFloat(lb, la)
+			}
+			return cmpFloat(a.factor, b.factor)
+		}), nil
+	case StrategyAffinity:
+		if want := s.affinity(req); len(want) > 0 {
+			// Draw from the smallest wanted label's set, when it has open agents.
+			var ls *set
+			for k, v := range want {
+				l := s.sets[setKey{kind: kindLabel, pool: req.Pool, name: k, value: v}]
+				if l == nil {
+					ls = nil
+					break
+				}
+				if ls == nil || len(l.all) < len(ls.all) {
+					ls = l
+				}
+			}
+			if ls != nil && len(ls.open) > 0 {
+				labelled := func(e *entry) bool { return match(e) && hasLabels(e.p.Labels, want) }
+				var e *entry
+				if len(ls.all) <= exactLimit {
+					e = s.bestOf(ls.open, labelled, byScore)
+				} else {
+					e = s.sample(ls, labelled, byScore)
+				}
+				if e != nil {
+					return e, nil
+				}
+			}
+		}
+	}
+	return s.sample(src, match, byScore), nil
+}
+
+// sample returns the best by cmp of sampleSize open members of src drawn
+// at random that match; nil when none of the draws matched.
+func (s *Selector) sample(src *set, match func(*entry) bool, cmp func(a, b *candidate) int) *entry {
+	var b candidate
+	for range sampleSize {
+		e := src.open[rand.IntN(len(src.open))]
+		if !match(e) {
+			continue
+		}
+		c := s.candidate(e)
+		if b.e == nil {
+			b = c
+			continue
+		}
+		if r := cmp(&c, &b); r > 0 || (r == 0 && c.p.ID < b.p.ID) {
+			b = c
+		}
+	}
+	return b.e
+}
+
+// bestOf returns the best by cmp of the entries in list that match.
+func (s *Selector) bestOf(list []*entry, match func(*entry) bool, cmp func(a, b *candidate) int) *entry {
+	var b candidate
+	for _, e := range list {
+		if !match(e) {
+			continue
+		}
+		c := s.candidate(e)
+		if b.e == nil {
+			b = c
+			continue
+		}
+		if r := cmp(&c, &b); r > 0 || (r == 0 && c.p.ID < b.p.ID) {
+			b = c
+		}
+	}
+	return b.e
+}
+
+// byScore prefers the higher score, then the lower load.
+func byScore(a, b *candidate) int {
+	if sa, sb := a.score(), b.score(); sa != sb {
+		return cmpFloat(sa, sb)
+	}
+	return cmpFloat(b.load(), a.load())
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a > b:
+		return 1
+	case a < b:
+		return -1
+	}
+	return 0
+}
+
+// best returns the candidate that is not full and that cmp ranks highest
+// (cmp(a, b) > 0: a is better); among equals the lowest id. nil when all
+// are full.
+func best(cs []candidate, cmp func(a, b *candidate) int) *candidate {
+	var b *candidate
+	for i := range cs {
+		c := &cs[i]
+		if c.full() {
+			continue
+		}
+		if b == nil {
+			b = c
+			continue
+		}
+		if r := cmp(c, b); r > 0 || (r == 0 && c.p.ID < b.p.ID) {
+			b = c
+		}
+	}
+	return b
+}
+
+// affinity returns the labels wanted for req: the pool's, overridden by the
+// request's.
+func (s *Selector) affinity(req Request) map[string]string {
+	want := map[string]string{}
+	for k, v := range s.cfg.Pools[req.Pool].Affinity {
+		want[k] = v
+	}
+	for k, v := range req.Labels {
+		want[k] = v
+	}
+	return want
+}
+
+func hasLabels(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,317 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/streams"
+)
+
+// fakeLease is a lease whose current epoch the test sets.
+type fakeLease struct{ epoch atomic.Uint64 }
+
+func (f *fakeLease) Leader() (uint64, bool) { e := f.epoch.Load(); return e, e != 0 }
+
+// parts are a term's components on a test server, built as newLeader does.
+type parts struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *jobstore.Store
+	lease *fakeLease
+	term  *term
+	adv   *advancer
+	rel   *releaser
+	fo    *failover
+}
+
+func newParts(t *testing.T) *parts {
+	t.Helper()
+	_, nc, js := natstest.Start(t, streams.Options{})
+	store, err := jobstore.Open(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &parts{nc: nc, js: js, store: store, lease: &fakeLease{}}
+	p.lease.epoch.Store(7)
+	log := zerolog.Nop()
+	m := NewMetrics(nil)
+	p.term = &term{epoch: 7, lease: p.lease, js: js, store: store, events: events.NewPublisher(js), now: time.Now}
+	p.adv = newAdvancer(nc, p.term, time.Second, log)
+	dead := &deadLetters{js: js, term: p.term, store: store, adv: p.adv, metrics: m, shards: streams.DefaultTaskShards, retry: time.Second, log: log}
+	p.rel = &releaser{term: p.term, store: store, dead: dead, metrics: m, poison: 3, log: log}
+	p.fo = &failover{js: js, term: p.term, store: store, release: p.rel, adv: p.adv, metrics: m, shards: streams.DefaultTaskShards, log: log}
+	return p
+}
+
+// dispatched stores a running job whose step is dispatched to agent at
+// epoch 1 with a lease that ended, and queues its task in agent's queue.
+func (p *parts) dispatched(t *testing.T, job, agent string) (jetstream.Stream, uint64) {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now().UTC()
+	sp := spec.Job{Name: "d", Steps: []spec.Step{{ID: "s", Action: "echo"}}}
+	j := jobstore.NewJob(job, sp, now.Add(-time.Hour))
+	j.State = jobstore.JobRunning
+	steps, err := jobstore.NewSteps(job, sp, jobstore.StepDefaults{Timeout: time.Minute}, now.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := steps[0].Dispatch(agent, protocol.NewLeaseToken(), now.Add(-time.Hour), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.store.CreateStep(ctx, steps[0]); err != nil {
+		t.Fatal(err)
+	}
+	q, _ := agentQueue("default", agent, streams.DefaultTaskShards)
+	m := nats.NewMsg(q.subject)
+	m.Data = []byte(`{}`)
+	m.Header.Set(protocol.HeaderJob, job)
+	m.Header.Set(protocol.HeaderStep, "s")
+	m.Header.Set(protocol.HeaderEpoch, "1")
+	ack, err := p.js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.js.Stream(ctx, q.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, ack.Sequence
+}
+
+func (p *parts) msgs(t *testing.T, stream string) uint64 {
+	t.Helper()
+	s, err := p.js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// Issue 15: a deposed leader published a duplicate agent_failed event and
+// its failover record before its fencing check. Every side effect now goes
+// through the term, which checks the lease first: a deposed leader's
+// failover, release, events and advance requests cause nothing at all.
+func TestDeposedLeaderCausesNothing(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	ctx := context.Background()
+	queue, seq := p.dispatched(t, "job-d", "a1")
+	var asked atomic.Int32
+	sub, err := p.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+		asked.Add(1)
+		_ = m.Respond(protocol.OKReply(""))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := p.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	p.lease.epoch.Store(8) // a newer leader holds the lease
+	_, err = p.fo.transfer(ctx, "default", "a1", "departed:x")
+	if !errors.Is(err, errNotLeader) {
+		t.Fatalf("deposed failover: %v", err)
+	}
+	out, err := p.rel.release(ctx, "job-d", "s", cause{status: statusLeaseExpired, expired: true, suspect: true})
+	if !errors.Is(err, errNotLeader) || out != untouched {
+		t.Fatalf("deposed release: %v %v", out, err)
+	}
+	if err := p.term.event(ctx, protocol.Event{Kind: protocol.EventAgentFailed, ID: "a1", Agent: "a1"}); !errors.Is(err, errNotLeader) {
+		t.Fatalf("deposed event: %v", err)
+	}
+	if err := p.adv.Advance(ctx, "job-d"); !errors.Is(err, errNotLeader) {
+		t.Fatalf("deposed advance: %v", err)
+	}
+	st, _, err := p.store.Step(ctx, "job-d", "s")
+	if err != nil || st.State != jobstore.StepDispatched || st.Epoch != 1 || st.Actor != "a1" {
+		t.Fatalf("step changed by a deposed leader: %+v %v", st, err)
+	}
+	if _, err := queue.GetMsg(ctx, seq); err != nil {
+		t.Fatalf("task deleted by a deposed leader: %v", err)
+	}
+	if n := p.msgs(t, protocol.StreamEvents); n != 0 {
+		t.Fatalf("a deposed leader published %d events", n)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("a deposed leader asked %d advances", n)
+	}
+
+	// The same calls by the lease holder do it all.
+	p.lease.epoch.Store(7)
+	rec, err := p.fo.transfer(ctx, "default", "a1", "departed:x")
+	if err != nil || rec.TasksMoved != 1 {
+		t.Fatalf("failover by the leader: %+v %v", rec, err)
+	}
+	st, _, _ = p.store.Step(ctx, "job-d", "s")
+	if st.State != jobstore.StepPending || st.TransferredFrom != "a1" || st.Recoveries != 0 {
+		t.Fatalf("step after failover: %+v", st)
+	}
+	if _, err := queue.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("task still queued after failover: %v", err)
+	}
+	if n := p.msgs(t, protocol.StreamEvents); n != 2 { // step_recovered, failover
+		t.Fatalf("%d events after failover, want 2", n)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("%d advance requests after failover, want 1", n)
+	}
+}
+
+// Poison: a step taken back from its agents poison_threshold times is
+// parked in the dead-letter stream with its task, not released again.
+func TestReleaserParksPoison(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	ctx := context.Background()
+	queue, seq := p.dispatched(t, "job-p", "a2")
+	st, rev, _ := p.store.Step(ctx, "job-p", "s")
+	st.Recoveries = 2
+	if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := queue.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.rel.release(ctx, "job-p", "s", cause{status: statusTransferred, reason: "agent a2 failed", agent: "a2", epoch: 1, suspect: true, task: raw})
+	if err != nil || out != parked {
+		t.Fatalf("release: %v %v", out, err)
+	}
+	st, _, _ = p.store.Step(ctx, "job-p", "s")
+	if st.State != jobstore.StepDeadLettered {
+		t.Fatalf("step %s", st.State)
+	}
+	if n := p.msgs(t, protocol.StreamDLQ); n != 1 {
+		t.Fatalf("%d dead letters", n)
+	}
+	if _, err := queue.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("poison task still queued: %v", err)
+	}
+	// A task of an older epoch releases nothing.
+	if out, err := p.rel.release(ctx, "job-p", "s", cause{status: statusTransferred, agent: "a2", epoch: 1}); err != nil || out != untouched {
+		t.Fatalf("release of a finished step: %v %v", out, err)
+	}
+}
+
+func TestTaskOwnerAcceptsOnlyTheDerivedQueue(t *testing.T) {
+	t.Parallel()
+	const shards = 4
+	q, ok := agentQueue("default", "a1", shards)
+	if !ok || q.stream != protocol.TaskStream(q.shard) || q.subject != protocol.TaskSubject(q.shard, "default", "a1") || q.consumer != "a1" {
+		t.Fatalf("agentQueue: %+v %v", q, ok)
+	}
+	if got, ok := taskOwner(q.subject, shards); !ok || got != q {
+		t.Fatalf("taskOwner(%s) = %+v %v", q.subject, got, ok)
+	}
+	wrongShard := (q.shard + 1) % shards
+	for _, subj := range []string{
+		protocol.TaskSubject(wrongShard, "default", "a1"), // not the shard its pool and id hash to
+		"warden.result.default.a1.j.s",
+		"warden.dlq.default.a1",
+		"warden.task." + strconv.Itoa(q.shard) + ".default.a1.extra",
+		"warden.task." + strconv.Itoa(q.shard) + ".default.*",
+		"warden.task." + strconv.Itoa(q.shard) + ".default.>",
+	} {
+		if got, ok := taskOwner(subj, shards); ok {
+			t.Errorf("taskOwner(%s) accepted: %+v", subj, got)
+		}
+	}
+	if _, ok := agentQueue("default", "a.b", shards); ok {
+		t.Error("agentQueue accepted an id with a dot")
+	}
+}
+
+func TestCheckExhaustedConfirmsOnlyWhatTheConsumerShows(t *testing.T) {
+	t.Parallel()
+	q, _ := agentQueue("default", "a1", 4)
+	adv := advisory{Stream: q.stream, Consumer: "a1", StreamSeq: 10, Deliveries: 5}
+	genuine := func() *jetstream.ConsumerInfo {
+		return &jetstream.ConsumerInfo{
+			Config:         jetstream.ConsumerConfig{FilterSubject: q.subject, MaxDeliver: 5},
+			Delivered:      jetstream.SequenceInfo{Stream: 12},
+			NumRedelivered: 1,
+		}
+	}
+	if err := checkExhausted(genuine(), q, adv, 10); err != nil {
+		t.Fatalf("genuine: %v", err)
+	}
+	var rej *rejection
+	cases := map[string]func(*jetstream.ConsumerInfo){
+		"other filter":      func(i *jetstream.ConsumerInfo) { i.Config.FilterSubject = "warden.task.0.default.b" },
+		"fewer deliveries":  func(i *jetstream.ConsumerInfo) { i.Config.MaxDeliver = 9 },
+		"unbounded":         func(i *jetstream.ConsumerInfo) { i.Config.MaxDeliver = -1 },
+		"never delivered":   func(i *jetstream.ConsumerInfo) { i.Delivered.Stream = 9 },
+		"nothing redeliver": func(i *jetstream.ConsumerInfo) { i.NumRedelivered = 0 },
+	}
+	for name, edit := range cases {
+		info := genuine()
+		edit(info)
+		if err := checkExhausted(info, q, adv, 10); !errors.As(err, &rej) {
+			t.Errorf("%s: %v, want a rejection", name, err)
+		}
+	}
+	inFlight := genuine()
+	inFlight.NumAckPending = 2
+	if err := checkExhausted(inFlight, q, adv, 10); !errors.Is(err, errUnconfirmed) {
+		t.Errorf("deliveries in flight: %v, want errUnconfirmed", err)
+	}
+}
+
+// fakeView is a presence view whose settledness the test sets.
+type fakeView struct{ settled atomic.Bool }
+
+func (f *fakeView) Settled(time.Duration, time.Time) bool { return f.settled.Load() }
+
+// Issue 15: "I could not see" is not "it is gone". A new term, and any
+// gap, leave the leader blind for one presence TTL; a view that is not
+// settled keeps it blind.
+func TestSightIsBlindForOneTTLAfterAGap(t *testing.T) {
+	t.Parallel()
+	_, nc, _ := natstest.Start(t, streams.Options{})
+	t0 := time.Unix(10_000, 0)
+	now := t0
+	v := &fakeView{}
+	v.settled.Store(true)
+	s := newSight(nc, v, 3*time.Second, func() time.Time { return now })
+	if ok, at := s.clear(t0); ok || !at.Equal(t0.Add(3*time.Second)) {
+		t.Fatalf("a new term is clear at once (%v, %v)", ok, at)
+	}
+	if ok, _ := s.clear(t0.Add(3 * time.Second)); !ok {
+		t.Fatal("not clear one TTL after the term began")
+	}
+	now = t0.Add(10 * time.Second)
+	s.gap(now)
+	if ok, at := s.clear(now.Add(2 * time.Second)); ok || !at.Equal(now.Add(3*time.Second)) {
+		t.Fatalf("clear within a TTL of a gap (%v, %v)", ok, at)
+	}
+	if ok, _ := s.clear(now.Add(3 * time.Second)); !ok {
+		t.Fatal("not clear one TTL after the gap")
+	}
+	v.settled.Store(false) // the view is re-syncing
+	if ok, at := s.clear(now.Add(time.Minute)); ok || !at.After(now.Add(time.Minute)) {
+		t.Fatalf("clear while the view is not settled (%v, %v)", ok, at)
+	}
+}

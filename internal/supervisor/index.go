@@ -1,0 +1,316 @@
+package supervisor
+
+import (
+	"container/heap"
+	"strings"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+)
+
+// Record is what the index learns of one job-store write: the KV key
+// (job.<id>, whose record holds a small job's steps inline, or
+// step.<job>.<step>) and the record headers (protocol.HeaderRecord*).
+type Record struct {
+	Key string
+	// State is the job's state on job.<id>, the step's on a step record.
+	State string
+	// Desired is the job's desired state (job records).
+	Desired string
+	// LockedUntil is the earliest lease end of the dispatched steps the
+	// record holds; zero when none is dispatched.
+	LockedUntil time.Time
+	// Written is when the record was written (the message's timestamp).
+	Written time.Time
+	// Deleted: the key was deleted or purged.
+	Deleted bool
+}
+
+// Kinds of index entries.
+type entryKind uint8
+
+const (
+	kindJob     entryKind = iota + 1 // job.<id>
+	kindStep                         // step.<job>.<step>
+	kindAdvance                      // a job whose advance request failed
+)
+
+// entry is one unfinished record. Times are Unix nanoseconds to keep the
+// entry small: the index holds one per unfinished record (a million
+// queued steps is a million entries), in one map and one heap of
+// pointers to the same entries.
+type entry struct {
+	key     string
+	job     string // a substring of key
+	step    string // a substring of key (step records)
+	kind    entryKind
+	pending bool  // a step record in state pending
+	seen    bool  // job entries: the job's own record was observed
+	tries   uint8 // advance requests since the record last changed
+	active  int32 // job records: unfinished step records of the job
+	locked  int64 // earliest lease end in the record; 0: none
+	wrote   int64 // last write of the record (jobs: of the job or a step)
+	due     int64
+	index   int32 // in the heap; -1 when not scheduled
+}
+
+// Due is an index entry that needs the leader's attention now.
+type Due struct {
+	Key, Job, Step string
+	Kind           entryKind
+	// Locked: a lease in the record has ended (else it is a pending step,
+	// a stalled job or a failed advance).
+	Locked bool
+}
+
+// Index holds one entry per unfinished job-store record, ordered by when
+// each is due: a record with a dispatched step at its earliest lease end,
+// a pending step or an unfinished job none of whose step records is
+// unfinished after a grace period in which a scheduler should have moved
+// it. It is built from record headers alone and never reads the store;
+// finished records leave it, so its memory is proportional to the
+// unfinished work, not to the store. Not safe for concurrent use.
+type Index struct {
+	grace      time.Duration
+	maxBackoff time.Duration
+	entries    map[string]*entry
+	heap       entryHeap
+}
+
+// NewIndex returns an empty index; grace is how long a pending step or a
+// stalled job is left to the schedulers before it is due.
+func NewIndex(grace time.Duration) *Index {
+	return &Index{grace: grace, maxBackoff: 16 * grace, entries: map[string]*entry{}}
+}
+
+// Len is the number of entries scheduled.
+func (x *Index) Len() int { return len(x.heap) }
+
+// Size is the number of records held.
+func (x *Index) Size() int { return len(x.entries) }
+
+// Next returns the earliest due time, or false if nothing is scheduled.
+func (x *Index) Next() (time.Time, bool) {
+	if len(x.heap) == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, x.heap[0].due), true
+}
+
+// Observe updates the index with one write.
+func (x *Index) Observe(r Record) {
+	kind, job, step, ok := parseKey(r.Key)
+	if !ok {
+		return
+	}
+	e := x.entries[r.Key]
+	if r.Deleted || finished(kind, r.State) {
+		x.finish(e, r.Written)
+		return
+	}
+	if e == nil {
+		e = &entry{key: r.Key, job: job, step: step, kind: kind, index: -1}
+		x.entries[r.Key] = e
+		if kind == kindStep {
+			x.jobOf(job).active++
+		}
+	}
+	e.locked, e.tries, e.seen = unixNano(r.LockedUntil), 0, true
+	e.wrote = max(e.wrote, unixNano(r.Written))
+	e.pending = kind == kindStep && r.State == string(jobstore.StepPending)
+	if kind == kindStep {
+		x.touchJob(job, e.wrote)
+	}
+	x.schedule(e)
+}
+
+// finish drops the entry of a record that finished or was deleted.
+func (x *Index) finish(e *entry, written time.Time) {
+	if e == nil {
+		return
+	}
+	x.unschedule(e)
+	delete(x.entries, e.key)
+	if e.kind == kindStep {
+		if j := x.entries["job."+e.job]; j != nil {
+			j.active--
+			if j.active <= 0 && !j.seen {
+				delete(x.entries, j.key) // known only from its steps
+				x.unschedule(j)
+				return
+			}
+			x.touchJob(e.job, unixNano(written))
+		}
+	}
+}
+
+// jobOf returns the entry of a job, creating one for a job whose step
+// records arrive before its own record.
+func (x *Index) jobOf(job string) *entry {
+	key := "job." + job
+	e := x.entries[key]
+	if e == nil {
+		e = &entry{key: key, job: key[len("job."):], kind: kindJob, index: -1}
+		x.entries[key] = e
+	}
+	return e
+}
+
+// touchJob notes activity in a job's step records at wrote.
+func (x *Index) touchJob(job string, wrote int64) {
+	e := x.entries["job."+job]
+	if e == nil {
+		return
+	}
+	if wrote > e.wrote {
+		e.wrote = wrote
+		e.tries = 0
+	}
+	x.schedule(e)
+}
+
+// schedule computes when e is due from what it holds.
+func (x *Index) schedule(e *entry) {
+	switch {
+	case e.locked != 0:
+		x.set(e, e.locked)
+	case e.kind == kindJob && e.active > 0:
+		x.unschedule(e) // its step records are watched themselves
+	case e.kind == kindJob && !e.seen:
+		x.unschedule(e) // only known from its steps so far
+	case e.kind == kindJob || e.pending:
+		x.set(e, e.wrote+x.backoff(e.tries))
+	default:
+		x.unschedule(e)
+	}
+}
+
+// backoff is how long after its last change a record waits for the n+1st
+// advance request: the grace, doubling with every request that did not
+// move it, at most maxBackoff.
+func (x *Index) backoff(n uint8) int64 {
+	d := x.grace
+	for i := uint8(0); i < n && d < x.maxBackoff; i++ {
+		d *= 2
+	}
+	return int64(min(d, x.maxBackoff))
+}
+
+// PopDue removes from the schedule and returns every entry due at or
+// before now. The entries stay in the index: a later write, Recheck or
+// Retry schedules them again.
+func (x *Index) PopDue(now time.Time) []Due {
+	var out []Due
+	n := now.UnixNano()
+	for len(x.heap) > 0 && x.heap[0].due <= n {
+		e := heap.Pop(&x.heap).(*entry)
+		out = append(out, Due{Key: e.key, Job: e.job, Step: e.step, Kind: e.kind, Locked: e.locked != 0 && e.locked <= n})
+		if e.kind == kindAdvance {
+			delete(x.entries, e.key)
+		}
+	}
+	return out
+}
+
+// Recheck schedules an entry whose job was asked to advance: if its record
+// does not change, it comes due again after the next backoff.
+func (x *Index) Recheck(key string, now time.Time) {
+	if e := x.entries[key]; e != nil {
+		e.tries = min(e.tries+1, 30)
+		x.set(e, now.UnixNano()+x.backoff(e.tries))
+	}
+}
+
+// Retry schedules an entry again at due (handling it failed).
+func (x *Index) Retry(d Due, due time.Time) {
+	if d.Kind == kindAdvance {
+		x.RetryAdvance(d.Job, due)
+		return
+	}
+	if e := x.entries[d.Key]; e != nil {
+		x.set(e, due.UnixNano())
+	}
+}
+
+// RetryAdvance schedules another advance request for job at due.
+func (x *Index) RetryAdvance(job string, due time.Time) {
+	key := "advance." + job
+	e := x.entries[key]
+	if e == nil {
+		e = &entry{key: key, job: key[len("advance."):], kind: kindAdvance, index: -1}
+		x.entries[key] = e
+	}
+	x.set(e, due.UnixNano())
+}
+
+func (x *Index) set(e *entry, due int64) {
+	e.due = due
+	if e.index >= 0 {
+		heap.Fix(&x.heap, int(e.index))
+		return
+	}
+	heap.Push(&x.heap, e)
+}
+
+func (x *Index) unschedule(e *entry) {
+	if e != nil && e.index >= 0 {
+		heap.Remove(&x.heap, int(e.index))
+	}
+}
+
+// parseKey splits a job-store key; false for keys that are neither job
+// nor step records.
+func parseKey(key string) (kind entryKind, job, step string, ok bool) {
+	switch {
+	case strings.HasPrefix(key, "job."):
+		job = key[len("job."):]
+		return kindJob, job, "", job != "" && !strings.Contains(job, ".")
+	case strings.HasPrefix(key, "step."):
+		rest := key[len("step."):]
+		i := strings.IndexByte(rest, '.')
+		if i <= 0 || i == len(rest)-1 || strings.Contains(rest[i+1:], ".") {
+			return 0, "", "", false
+		}
+		return kindStep, rest[:i], rest[i+1:], true
+	}
+	return 0, "", "", false
+}
+
+// finished reports whether a record in state is done with: a terminal job,
+// or a step neither pending nor dispatched. An empty state (a record the
+// index cannot read) counts as unfinished, so it is looked at.
+func finished(kind entryKind, state string) bool {
+	if state == "" {
+		return false
+	}
+	if kind == kindJob {
+		return jobstore.JobState(state).Terminal()
+	}
+	return jobstore.StepState(state).Terminal()
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+type entryHeap []*entry
+
+func (h entryHeap) Len() int           { return len(h) }
+func (h entryHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h entryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = int32(i), int32(j)
+}
+func (h *entryHeap) Push(x any) { e := x.(*entry); e.index = int32(len(*h)); *h = append(*h, e) }
+func (h *entryHeap) Pop() any {
+	old := *h
+	n := len(old)
+	e := old[n-1]
+	old[n-1] = nil
+	*h = old[:n-1]
+	e.index = -1
+	return e
+}

@@ -1,0 +1,137 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// follower reads every job-store write as a Record from the record headers
+// alone: an ordered, headers-only consumer on the bucket's stream, the last
+// write of each key first, then every new write. It never decodes a record
+// that carries the headers; a record written without them (before the
+// headers existed) is read once and only five fields of it decoded.
+type follower struct {
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	log zerolog.Logger
+}
+
+// kvOperation is the header a KV delete or purge marker carries.
+const kvOperation = "KV-Operation"
+
+// run sends every write to out until ctx ends; loaded is called once the
+// writes stored when it started have all been sent.
+func (f *follower) run(ctx context.Context, out chan<- Record, loaded func()) error {
+	stream := "KV_" + f.kv.Bucket()
+	prefix := "$KV." + f.kv.Bucket() + "."
+	cons, err := f.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + "job.*", prefix + "step.*.*"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		HeadersOnly:    true,
+	})
+	if err != nil {
+		return fmt.Errorf("follow job store: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(2000))
+	if err != nil {
+		return fmt.Errorf("follow job store: %w", err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		loaded()
+		loaded = nil
+	}
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("follow job store: %w", err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		r, ok := f.record(ctx, strings.TrimPrefix(m.Subject(), prefix), m.Headers(), md.Timestamp)
+		if ok {
+			select {
+			case out <- r:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if loaded != nil && md.NumPending == 0 {
+			loaded()
+			loaded = nil
+		}
+	}
+}
+
+// record builds the Record of one write from its headers.
+func (f *follower) record(ctx context.Context, key string, h nats.Header, written time.Time) (Record, bool) {
+	r := Record{Key: key, Written: written}
+	switch h.Get(kvOperation) {
+	case "DEL", "PURGE":
+		r.Deleted = true
+		return r, true
+	}
+	r.State, r.Desired = h.Get(protocol.HeaderRecordState), h.Get(protocol.HeaderRecordDesired)
+	if r.State == "" {
+		return f.legacy(ctx, r)
+	}
+	if v := h.Get(protocol.HeaderRecordLockedUntil); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			f.log.Warn().Err(err).Str("key", key).Msg("unreadable locked-until header; the record is looked at now")
+			t = written
+		}
+		r.LockedUntil = t
+	}
+	return r, true
+}
+
+// recordHead is all a record without headers is decoded for.
+type recordHead struct {
+	ID          string    `json:"id"`
+	JobID       string    `json:"job_id"`
+	State       string    `json:"state"`
+	Desired     string    `json:"desired"`
+	LockedUntil time.Time `json:"locked_until"`
+}
+
+// legacy reads a record written without the headers and decodes the five
+// fields the index needs.
+func (f *follower) legacy(ctx context.Context, r Record) (Record, bool) {
+	e, err := f.kv.Get(ctx, r.Key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		r.Deleted = true
+		return r, true
+	}
+	if err != nil {
+		f.log.Warn().Err(err).Str("key", r.Key).Msg("record without headers unreadable; it is looked at after the grace")
+		return r, true // State "": unfinished, looked at after the grace
+	}
+	var head recordHead
+	if err := json.Unmarshal(e.Value(), &head); err != nil {
+		f.log.Warn().Err(err).Str("key", r.Key).Msg("undecodable record")
+		return r, false
+	}
+	r.State, r.Desired, r.LockedUntil = head.State, head.Desired, head.LockedUntil
+	if !strings.HasPrefix(r.Key, "step.") {
+		r.LockedUntil = time.Time{} // a job record's own locked_until is not a step's lease
+	}
+	return r, true
+}

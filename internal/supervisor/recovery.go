@@ -1,0 +1,148 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+)
+
+// recovery keeps the index of inconsistent steps and jobs from a watch of
+// the job store and acts on each when it falls due: a step whose lease
+// expired is released (a scheduler re-dispatches it), a pending step or a
+// stalled job that no scheduler moved within the grace is the subject of
+// an advance request, and a job whose advance request failed is asked
+// about again. A new leader rebuilds the index.
+type recovery struct {
+	term    *term
+	store   *jobstore.Store
+	release *releaser
+	adv     *advancer
+	grace   time.Duration
+	retry   time.Duration
+	log     zerolog.Logger
+	// built is closed once the index holds the whole store.
+	built chan struct{}
+}
+
+// run follows the job store and acts until ctx ends or the lease is lost.
+func (r *recovery) run(ctx context.Context) error {
+	idx := NewIndex(r.grace)
+	records := make(chan Record, 4096)
+	loaded := make(chan struct{})
+	errc := make(chan error, 1)
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	f := &follower{js: r.term.js, kv: r.store.KV(), log: r.log}
+	go func() { errc <- f.run(fctx, records, func() { close(loaded) }) }()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	built := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if err == nil {
+				err = errors.New("job store follower stopped")
+			}
+			return err
+		case job := <-r.adv.retries:
+			idx.RetryAdvance(job, r.term.now().Add(r.retry))
+		case rec := <-records:
+			idx.Observe(rec)
+		case <-loaded:
+			loaded, built = nil, true
+			r.log.Info().Int("unfinished_records", idx.Size()).Int("scheduled", idx.Len()).Msg("recovery index built")
+			close(r.built)
+		case <-timer.C:
+		}
+		if !built {
+			continue
+		}
+		if err := r.due(ctx, idx); err != nil {
+			return nil // lease lost or shutting down
+		}
+		if next, ok := idx.Next(); ok {
+			timer.Reset(max(next.Sub(r.term.now()), time.Millisecond))
+		}
+	}
+}
+
+// due handles every entry due now; an error means stop.
+func (r *recovery) due(ctx context.Context, idx *Index) error {
+	now := r.term.now()
+	asked := map[string]bool{} // one advance request per job per round
+	for _, d := range idx.PopDue(now) {
+		recheck, err := r.handle(ctx, d, now, asked)
+		switch {
+		case errors.Is(err, errNotLeader) || ctx.Err() != nil:
+			return errNotLeader
+		case err != nil:
+			r.log.Debug().Err(err).Str("key", d.Key).Msg("recovery deferred")
+			idx.Retry(d, now.Add(r.retry))
+		case recheck:
+			// Asked; if the record does not move (no agent yet, say), ask
+			// again after a longer wait. A write of the record reschedules
+			// or drops the entry before that.
+			idx.Recheck(d.Key, now)
+		}
+	}
+	return nil
+}
+
+// handle acts on one due entry. recheck says it should come due again
+// unless its record changes first.
+func (r *recovery) handle(ctx context.Context, d Due, now time.Time, asked map[string]bool) (recheck bool, err error) {
+	if err := r.term.fence(); err != nil {
+		return false, err
+	}
+	if d.Locked {
+		return false, r.expire(ctx, d, now)
+	}
+	if d.Kind != kindAdvance {
+		r.log.Info().Str(logging.FieldJob, d.Job).Str("record", d.Key).Msg("asking a scheduler to advance a stalled job")
+	}
+	if asked[d.Job] {
+		return d.Kind != kindAdvance, nil
+	}
+	asked[d.Job] = true
+	return d.Kind != kindAdvance, r.adv.Advance(ctx, d.Job)
+}
+
+// expire releases the steps of a record whose lease has passed (a step
+// record, or a job record holding its steps inline) and asks for the job
+// to be advanced. The records are read through the job store.
+func (r *recovery) expire(ctx context.Context, d Due, now time.Time) error {
+	steps := []string{d.Step}
+	if d.Kind == kindJob {
+		job, _, err := r.store.Job(ctx, d.Job)
+		if errors.Is(err, jobstore.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		steps = steps[:0]
+		for _, sp := range job.Spec.Steps {
+			steps = append(steps, sp.ID)
+		}
+	}
+	any := false
+	for _, id := range steps {
+		out, err := r.release.release(ctx, d.Job, id, cause{status: statusLeaseExpired,
+			expired: true, suspect: true})
+		if err != nil {
+			return err
+		}
+		any = any || out != untouched
+	}
+	if any {
+		r.adv.AdvanceOrRetry(ctx, d.Job)
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Release statuses recorded in a step's retry chain.
+const (
+	statusLeaseExpired = "lease_expired"
+	statusTransferred  = "transferred"
+)
+
+// cause says why a step is taken back from its agent and what must still
+// hold for it to be taken back.
+type cause struct {
+	// status names the release in the retry chain (statusLeaseExpired,
+	// statusTransferred); reason is the human explanation (empty: the
+	// lease's end and holder, read from the step).
+	status, reason string
+	// agent and epoch, when set, must still be the step's actor and epoch:
+	// a task of an older dispatch releases nothing.
+	agent string
+	epoch uint64
+	// expired: release only if the step's lease has passed (it may have
+	// been renewed since the index saw it).
+	expired bool
+	// suspect: the step was in its agent's hands when the agent failed or
+	// its lease ran out, so this counts towards the poison threshold.
+	suspect bool
+	// task is the task message, copied to the dead-letter stream if the
+	// step is parked as poison.
+	task *jetstream.RawStreamMsg
+}
+
+// released is what release did to a step.
+type released int
+
+const (
+	untouched released = iota // not the agent's (any more), or renewed
+	requeued                  // back to pending: a scheduler re-dispatches it
+	cancelled                 // its job is being cancelled: it ends cancelled
+	parked                    // poison: dead-lettered
+)
+
+// releaser takes steps back from their agents (lease expired, agent
+// failed) through the job store: CAS back to pending with the reason in
+// the retry chain, or cancelled when cancel is the desired state (cancel
+// wins: a step of a cancelled job is never dispatched again), or parked in
+// the dead-letter stream when it keeps killing its agents. It never
+// dispatches; the caller asks a scheduler to advance the job.
+type releaser struct {
+	term    *term
+	store   *jobstore.Store
+	dead    *deadLetters
+	metrics *Metrics
+	poison  int
+	log     zerolog.Logger
+}
+
+// maxConflicts bounds how often a release reloads after losing a CAS race.
+const maxConflicts = 8
+
+// release takes step job.step back if c still applies to it.
+func (r *releaser) release(ctx context.Context, job, step string, c cause) (released, error) {
+	for range maxConflicts {
+		st, rev, err := r.store.Step(ctx, job, step)
+		if errors.Is(err, jobstore.ErrNotFound) {
+			return untouched, nil
+		}
+		if err != nil {
+			return untouched, err
+		}
+		if !c.holds(st, r.term.now()) {
+			return untouched, nil
+		}
+		if c.reason == "" {
+			c.reason = fmt.Sprintf("lease expired at %s on agent %s", st.LockedUntil.UTC().Format(time.RFC3339), st.Actor)
+		}
+		out, err := r.apply(ctx, st, rev, c)
+		if errors.Is(err, jobstore.ErrConflict) {
+			continue
+		}
+		return out, err
+	}
+	return untouched, fmt.Errorf("release %s.%s: %w", job, step, jobstore.ErrConflict)
+}
+
+// holds reports whether c still applies to st at now.
+func (c cause) holds(st *jobstore.Step, now time.Time) bool {
+	switch {
+	case st.State != jobstore.StepDispatched:
+		return false
+	case c.agent != "" && st.Actor != c.agent:
+		return false
+	case c.epoch != 0 && st.Epoch != c.epoch:
+		return false
+	case c.expired && now.Before(st.LockedUntil):
+		return false
+	}
+	return true
+}
+
+func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c cause) (released, error) {
+	cancelWanted, err := r.cancelWanted(ctx, st)
+	if err != nil {
+		return untouched, err
+	}
+	switch {
+	case cancelWanted:
+		if err := r.cancel(ctx, st, rev, c); err != nil {
+			return untouched, err
+		}
+		return cancelled, nil
+	case c.suspect && st.Recoveries+1 >= r.poison:
+		why := fmt.Sprintf("poison: taken back from its agent %d times (last: %s)", st.Recoveries+1, c.reason)
+		if err := r.dead.park(ctx, st, rev, protocol.DLQPoison, why, c.task, 0); err != nil {
+			return untouched, err
+		}
+		return parked, nil
+	}
+	if err := r.requeue(ctx, st, rev, c); err != nil {
+		return untouched, err
+	}
+	return requeued, nil
+}
+
+// cancelWanted reports whether the step or its job is to be cancelled.
+func (r *releaser) cancelWanted(ctx context.Context, st *jobstore.Step) (bool, error) {
+	if st.Desired == jobstore.StepCancelled {
+		return true, nil
+	}
+	job, _, err := r.store.Job(ctx, st.JobID)
+	if errors.Is(err, jobstore.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return job.Desired == jobstore.JobCancelled, nil
+}
+
+// requeue puts the step back to pending for a scheduler to re-dispatch.
+func (r *releaser) requeue(ctx context.Context, st *jobstore.Step, rev uint64, c cause) error {
+	agent, epoch := st.Actor, st.Epoch
+	if err := st.Release(c.status, c.reason, c.suspect, r.term.now().UTC()); err != nil {
+		return nil // not dispatched: nothing to take back
+	}
+	if _, err := r.term.updateStep(ctx, st, rev); err != nil {
+		return err
+	}
+	r.metrics.recovered.WithLabelValues(c.status).Inc()
+	r.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
+		Str("reason", c.reason).Int("recoveries", st.Recoveries).Msg("step taken back; a scheduler re-dispatches it")
+	r.note(ctx, protocol.Event{Kind: protocol.EventStepRecovered, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+		Agent: agent, Reason: c.reason, Data: map[string]string{"status": c.status, "epoch": strconv.FormatUint(epoch, 10)}})
+	return nil
+}
+
+// cancel ends a step whose job is being cancelled and whose agent never
+// confirmed the cancel: its lease ended (or its agent failed), so nothing
+// runs it any more, and it is never dispatched again.
+func (r *releaser) cancel(ctx context.Context, st *jobstore.Step, rev uint64, c cause) error {
+	now := r.term.now().UTC()
+	agent, epoch := st.Actor, st.Epoch
+	why := protocol.ErrorCancelled + ": the agent did not confirm the cancel before " + c.reason
+	if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == st.Epoch {
+		st.Attempts[n-1].Status, st.Attempts[n-1].Error, st.Attempts[n-1].FinishedAt = string(jobstore.StepCancelled), c.reason, now
+	}
+	st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
+	st.LastError, st.UpdatedAt, st.FinishedAt, st.LockedUntil = why, now, now, time.Time{}
+	if _, err := r.term.updateStep(ctx, st, rev); err != nil {
+		return err
+	}
+	r.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
+		Str("reason", c.reason).Msg("step of a cancelled job ended cancelled; not re-dispatched")
+	r.note(ctx, protocol.Event{Kind: protocol.EventStepCancelled, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+		Agent: agent, Reason: why, Data: map[string]string{"epoch": strconv.FormatUint(epoch, 10)}})
+	return nil
+}
+
+// note publishes the event of a change already written: a failure is
+// logged, not returned, since the change itself stands.
+func (r *releaser) note(ctx context.Context, e protocol.Event) {
+	if err := r.term.event(ctx, e); err != nil {
+		r.log.Warn().Err(err).Str("kind", string(e.Kind)).Str(logging.FieldJob, e.JobID).Msg("event not published")
+	}
+}

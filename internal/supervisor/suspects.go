@@ -1,0 +1,174 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/presence"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// suspect is an agent whose presence vanished, waiting out the threshold.
+type suspect struct {
+	pool, agent string
+	how         string // "stopped", "presence expired", "absent with tasks queued"
+	trigger     string // names this departure (failoverID)
+	since       time.Time
+}
+
+// suspects turns departures into failovers: an agent gone for longer than
+// the failure threshold, and still absent when asked directly, is failed
+// over; one that returns in time keeps its queue. Nothing is decided while
+// sight is not clear (see sight).
+type suspects struct {
+	f         *failover
+	view      *presence.View
+	presence  jetstream.KeyValue
+	sight     *sight
+	threshold time.Duration
+	retry     time.Duration
+	log       zerolog.Logger
+	pending   map[string]suspect
+}
+
+// run handles departures until ctx ends or the lease is lost.
+func (s *suspects) run(ctx context.Context, departures <-chan presence.Change) error {
+	s.pending = s.orphans(ctx)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next, err := s.decide(ctx, s.f.term.now())
+		if err != nil {
+			return nil // lease lost or shutting down
+		}
+		if !next.IsZero() {
+			timer.Reset(max(next.Sub(s.f.term.now()), time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case c := <-departures:
+			s.depart(c)
+		}
+	}
+}
+
+func (s *suspects) depart(c presence.Change) {
+	if c.Presence.ID == "" {
+		return // never seen alive by this leader; the orphan scan covers it
+	}
+	how := "stopped"
+	if c.Expired {
+		how = "presence expired"
+	}
+	s.log.Warn().Str("agent", c.Key).Str("how", how).Dur("threshold", s.threshold).Msg("agent gone; failing over after the threshold unless it returns")
+	s.pending[c.Key] = suspect{pool: c.Presence.Pool, agent: c.Presence.ID, how: how, trigger: departureTrigger(c), since: s.f.term.now()}
+}
+
+// decide fails over every suspect whose time has come and returns when the
+// next one is due (zero: none waits). An error means stop.
+func (s *suspects) decide(ctx context.Context, now time.Time) (time.Time, error) {
+	var next time.Time
+	clear, clearAt := s.sight.clear(now)
+	for key, sp := range s.pending {
+		due := sp.since.Add(s.threshold)
+		if !clear && clearAt.After(due) {
+			due = clearAt
+		}
+		if now.Before(due) {
+			if next.IsZero() || due.Before(next) {
+				next = due
+			}
+			continue
+		}
+		err := s.judge(ctx, key, sp)
+		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
+			return next, errNotLeader
+		}
+		if err != nil {
+			s.log.Warn().Err(err).Str("agent", key).Msg("failover not done; retrying")
+			sp.since = now.Add(s.retry - s.threshold)
+			s.pending[key] = sp
+			if r := now.Add(s.retry); next.IsZero() || r.Before(next) {
+				next = r
+			}
+			continue
+		}
+		delete(s.pending, key)
+	}
+	return next, nil
+}
+
+// judge fails a suspect over unless it is present after all.
+func (s *suspects) judge(ctx context.Context, key string, sp suspect) error {
+	back, err := s.present(ctx, sp.pool, sp.agent)
+	if err != nil {
+		return err // cannot see: try again, never fail over blind
+	}
+	if back {
+		s.log.Info().Str("agent", key).Msg("agent is present; it keeps its queue")
+		return nil
+	}
+	if err := s.f.term.event(ctx, protocol.Event{Kind: protocol.EventAgentFailed, ID: sp.agent, Agent: sp.agent, Reason: sp.how,
+		Data: map[string]string{"pool": sp.pool, "trigger": sp.trigger}}); err != nil {
+		return err
+	}
+	_, err = s.f.transfer(ctx, sp.pool, sp.agent, sp.trigger)
+	return err
+}
+
+// present reports whether the agent is present, from the view or, if the
+// view lacks it, from a direct read of its presence key (a view that missed
+// the agent's return must not fail it over).
+func (s *suspects) present(ctx context.Context, pool, agent string) (bool, error) {
+	for _, p := range s.view.Pool(pool) {
+		if p.ID == agent {
+			return true, nil
+		}
+	}
+	e, err := s.presence.Get(ctx, protocol.PresenceKey(pool, agent))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return e.Operation() == jetstream.KeyValuePut, nil
+}
+
+// orphans finds agents that left work in their queue while no leader
+// watched: consumers with pending tasks whose agent is not present. Only
+// consumers on the task subject their own name and pool derive count.
+func (s *suspects) orphans(ctx context.Context) map[string]suspect {
+	out := map[string]suspect{}
+	present := map[string]bool{}
+	for _, p := range s.view.Agents() {
+		present[protocol.PresenceKey(p.Pool, p.ID)] = true
+	}
+	for shard := 0; shard < s.f.shards; shard++ {
+		stream, err := s.f.js.Stream(ctx, protocol.TaskStream(shard))
+		if err != nil {
+			continue
+		}
+		lister := stream.ListConsumers(ctx)
+		for info := range lister.Info() {
+			q, ok := taskOwner(info.Config.FilterSubject, s.f.shards)
+			if !ok || q.consumer != info.Name || q.stream != protocol.TaskStream(shard) {
+				continue
+			}
+			key := protocol.PresenceKey(q.pool, q.agent)
+			if present[key] || info.NumPending+uint64(info.NumAckPending) == 0 {
+				continue
+			}
+			out[key] = suspect{pool: q.pool, agent: q.agent, how: "absent with tasks queued", trigger: "orphaned:" + s.f.term.now().UTC().Format(time.RFC3339), since: s.f.term.now()}
+			s.log.Warn().Str("agent", key).Uint64("queued", info.NumPending).Int("unacked", info.NumAckPending).
+				Msg("agent absent with tasks in its queue; failing over after the threshold")
+		}
+	}
+	return out
+}

@@ -1,0 +1,338 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// Event is one change a Watch reports.
+type Event struct {
+	// Key of the entry.
+	Key string
+	// Entry is the stored value; nil when the key is gone.
+	Entry jetstream.KeyValueEntry
+	// Op is KeyValuePut, KeyValueDelete (a clean delete) or KeyValuePurge
+	// (a purge, a TTL expiry, or a key found missing by a re-sync).
+	Op jetstream.KeyValueOp
+	// Initial is true for the entries of the first full read.
+	Initial bool
+	// Resync is true for differences found by re-reading the bucket after a
+	// gap: a key that changed or appeared while the watch could not see, or
+	// (Op KeyValuePurge, Entry nil) one that disappeared meanwhile.
+	Resync bool
+}
+
+// Gone reports whether the key was removed.
+func (e Event) Gone() bool { return e.Op != jetstream.KeyValuePut }
+
+// Config configures a Watch.
+type Config struct {
+	// Heartbeat is how long the watch may go without delivering anything
+	// before it asks the server whether it missed something (the bucket's
+	// last sequence against the last revision seen). Defaults to 1s.
+	Heartbeat time.Duration
+	// Backoff is the wait between attempts to re-read the bucket while the
+	// server is unreachable. Defaults to 100ms.
+	Backoff time.Duration
+	// Logger receives gap and re-sync notices. Defaults to a no-op logger.
+	Logger zerolog.Logger
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = time.Second
+	}
+	if c.Backoff <= 0 {
+		c.Backoff = 100 * time.Millisecond
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Status is what a Watch says of its own view.
+type Status struct {
+	// Fresh is true when the view is complete: the first read is done and
+	// no gap has begun since the last re-sync.
+	Fresh bool
+	// GapStarted is when the current or last gap began; zero if none.
+	GapStarted time.Time
+	// GapEnded is when the last gap ended (its re-sync completed); zero if
+	// none. While a gap is open it is before GapStarted.
+	GapEnded time.Time
+	// Resyncs counts completed re-syncs after gaps.
+	Resyncs int
+}
+
+// Watch follows every key of one bucket. See the package doc.
+type Watch struct {
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	stream string
+	cfg    Config
+
+	ready     chan struct{}
+	readyOnce sync.Once
+
+	mu     sync.Mutex
+	status Status
+	synced bool // the first read is done
+}
+
+// New binds a watch to bucket. Run starts it.
+func New(ctx context.Context, js jetstream.JetStream, bucket string, cfg Config) (*Watch, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
+	}
+	return &Watch{js: js, kv: kv, stream: "KV_" + bucket, cfg: cfg.withDefaults(), ready: make(chan struct{})}, nil
+}
+
+// Ready is closed once the first full read of the bucket has been reported.
+func (w *Watch) Ready() <-chan struct{} { return w.ready }
+
+// Status returns the watch's status now.
+func (w *Watch) Status() Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status
+}
+
+// Fresh reports whether the view is complete now (see Status.Fresh).
+func (w *Watch) Fresh() bool { return w.Status().Fresh }
+
+// LastGapEnd is when the last gap's re-sync completed; zero if there was
+// no gap.
+func (w *Watch) LastGapEnd() time.Time { return w.Status().GapEnded }
+
+// Settled reports whether the view is fresh and has been for at least d
+// since the last gap ended (or there never was one). A supervisor judges
+// agents gone only from a settled view: after a gap, one presence TTL lets
+// every live agent write a heartbeat the view sees.
+func (w *Watch) Settled(d time.Duration, now time.Time) bool {
+	s := w.Status()
+	return s.Fresh && (s.GapEnded.IsZero() || now.Sub(s.GapEnded) >= d)
+}
+
+// gap records that the view may be missing changes from now on.
+func (w *Watch) gap(why string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.status.Fresh {
+		return
+	}
+	w.status.Fresh = false
+	w.status.GapStarted = w.cfg.Now()
+	w.cfg.Logger.Warn().Str("stream", w.stream).Str("why", why).Msg("watch gap: the view is stale until re-synced")
+}
+
+// fresh records a completed full read.
+func (w *Watch) fresh(resync bool) {
+	w.mu.Lock()
+	if resync {
+		w.status.GapEnded = w.cfg.Now()
+		w.status.Resyncs++
+		w.cfg.Logger.Info().Str("stream", w.stream).Dur("gap", w.status.GapEnded.Sub(w.status.GapStarted)).
+			Msg("watch re-synced after a gap")
+	}
+	w.status.Fresh = true
+	w.synced = true
+	w.mu.Unlock()
+	w.readyOnce.Do(func() { close(w.ready) })
+}
+
+// errResync ends a streaming phase: the view must be re-read.
+var errResync = errors.New("re-sync needed")
+
+// Run reports the bucket's keys to handle, from the watch goroutine, until
+// ctx ends: first every key (Initial), then every change, and after every
+// gap the differences found by re-reading the bucket (Resync). It returns
+// nil when ctx ends; transient failures are retried, never returned.
+func (w *Watch) Run(ctx context.Context, handle func(Event)) error {
+	nc := w.js.Conn()
+	conn := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
+	defer nc.RemoveStatusListener(conn)
+	known := map[string]uint64{} // key → revision reported
+	var last uint64              // highest revision delivered
+	for ctx.Err() == nil {
+		if !nc.IsConnected() {
+			// A read now would only wait out its request timeout: wait
+			// for the connection instead (or retry after a backoff).
+			w.gap("not connected")
+			select {
+			case <-ctx.Done():
+			case <-conn:
+			case <-time.After(w.cfg.Backoff):
+			}
+			continue
+		}
+		kw, err := w.sync(ctx, known, &last, handle, conn)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.gap(err.Error())
+				w.cfg.Logger.Debug().Err(err).Str("stream", w.stream).Msg("watch: bucket read failed; retrying")
+				sleep(ctx, w.cfg.Backoff)
+			}
+			continue
+		}
+		err = w.follow(ctx, kw, known, &last, handle, conn)
+		_ = kw.Stop()
+		if err != nil && ctx.Err() == nil {
+			w.gap(err.Error())
+		}
+	}
+	return nil
+}
+
+// sync reads the whole bucket with a new watcher, reports what differs from
+// known, and returns the watcher positioned after that read.
+func (w *Watch) sync(ctx context.Context, known map[string]uint64, last *uint64, handle func(Event),
+	conn <-chan nats.Status) (jetstream.KeyWatcher, error) {
+	w.mu.Lock()
+	first := !w.synced
+	w.mu.Unlock()
+	kw, err := w.kv.WatchAll(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", w.stream, err)
+	}
+	snapshot := map[string]jetstream.KeyValueEntry{}
+	var maxRev uint64
+	// A read that stops delivering (the server went away mid-read) is
+	// abandoned after a few heartbeats and started again.
+	stall := time.NewTimer(4 * w.cfg.Heartbeat)
+	defer stall.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			_ = kw.Stop()
+			return nil, ctx.Err()
+		case <-stall.C:
+			_ = kw.Stop()
+			return nil, fmt.Errorf("reading %s stalled", w.stream)
+		case s := <-conn:
+			if s != nats.CONNECTED {
+				_ = kw.Stop()
+				return nil, fmt.Errorf("connection %s while reading %s", s, w.stream)
+			}
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return nil, fmt.Errorf("watcher of %s closed while reading", w.stream)
+			}
+			if e == nil {
+				done = true
+				continue
+			}
+			maxRev = max(maxRev, e.Revision())
+			if e.Operation() == jetstream.KeyValuePut {
+				snapshot[e.Key()] = e
+			} else {
+				delete(snapshot, e.Key())
+			}
+			stall.Reset(4 * w.cfg.Heartbeat)
+		}
+	}
+	for k, e := range snapshot {
+		if known[k] != e.Revision() {
+			known[k] = e.Revision()
+			handle(Event{Key: k, Entry: e, Op: jetstream.KeyValuePut, Initial: first, Resync: !first})
+		}
+	}
+	for k := range known {
+		if _, ok := snapshot[k]; !ok {
+			delete(known, k)
+			handle(Event{Key: k, Op: jetstream.KeyValuePurge, Resync: true})
+		}
+	}
+	*last = max(*last, maxRev)
+	w.fresh(!first)
+	return kw, nil
+}
+
+// follow reports changes from kw until ctx ends or a gap is detected
+// (errResync and the like).
+func (w *Watch) follow(ctx context.Context, kw jetstream.KeyWatcher, known map[string]uint64, last *uint64,
+	handle func(Event), conn <-chan nats.Status) error {
+	tick := time.NewTicker(w.cfg.Heartbeat)
+	defer tick.Stop()
+	lastDelivery := w.cfg.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case s := <-conn:
+			switch s {
+			case nats.CONNECTED:
+				// Reconnected: whatever happened meanwhile is read again.
+				return fmt.Errorf("%w: reconnected", errResync)
+			default:
+				w.gap("connection " + s.String())
+			}
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return fmt.Errorf("%w: watcher closed", errResync)
+			}
+			if e == nil {
+				continue
+			}
+			lastDelivery = w.cfg.Now()
+			*last = max(*last, e.Revision())
+			if e.Operation() == jetstream.KeyValuePut {
+				known[e.Key()] = e.Revision()
+				handle(Event{Key: e.Key(), Entry: e, Op: jetstream.KeyValuePut})
+			} else {
+				delete(known, e.Key())
+				handle(Event{Key: e.Key(), Op: e.Operation()})
+			}
+		case <-tick.C:
+			if w.cfg.Now().Sub(lastDelivery) < w.cfg.Heartbeat && w.Fresh() {
+				continue
+			}
+			if err := w.probe(ctx, *last); err != nil {
+				if !errors.Is(err, errResync) {
+					w.gap(err.Error())
+					continue
+				}
+				return err
+			}
+			if !w.Fresh() {
+				// A gap (disconnect, failed probe) that ended without a
+				// reconnect event reaching us: read again.
+				return fmt.Errorf("%w: server reachable again", errResync)
+			}
+		}
+	}
+}
+
+// probe asks the server for the bucket's last sequence: one beyond what
+// was delivered after a silent heartbeat means the watcher stalled.
+func (w *Watch) probe(ctx context.Context, last uint64) error {
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.Heartbeat)
+	defer cancel()
+	st, err := w.js.Stream(pctx, w.stream)
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", w.stream, err)
+	}
+	if seq := st.CachedInfo().State.LastSeq; seq > last {
+		return fmt.Errorf("%w: watcher of %s silent at revision %d, bucket at %d", errResync, w.stream, last, seq)
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,264 @@
+package watch_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/watch"
+)
+
+const bucket = "watched"
+
+// natsServer is a test server stopped and started again on the same port
+// with the same store, as a nats-server restart (natstest.Server.Down, Up).
+type natsServer struct{ *natstest.Server }
+
+func startServer(t *testing.T) *natsServer { return &natsServer{natstest.New(t)} }
+
+// connect connects as Warden's processes do (natsconn): reconnect forever.
+func (s *natsServer) connect(t *testing.T, wait time.Duration) (*nats.Conn, jetstream.JetStream) {
+	return s.ConnectReconnecting(t, wait)
+}
+
+// view is what a handler built from the events.
+type view struct {
+	mu     sync.Mutex
+	values map[string]string
+	events []watch.Event
+}
+
+func (v *view) handle(e watch.Event) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.events = append(v.events, e)
+	if e.Gone() {
+		delete(v.values, e.Key)
+		return
+	}
+	v.values[e.Key] = string(e.Entry.Value())
+}
+
+func (v *view) get(k string) (string, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s, ok := v.values[k]
+	return s, ok
+}
+
+func (v *view) find(match func(watch.Event) bool) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, e := range v.events {
+		if match(e) {
+			return true
+		}
+	}
+	return false
+}
+
+type setup struct {
+	srv *natsServer
+	nc  *nats.Conn // the watch's connection
+	w   *watch.Watch
+	v   *view
+	kv  jetstream.KeyValue // another connection's handle on the bucket
+	js  jetstream.JetStream
+}
+
+// newSetup creates the bucket with keys, then starts a watch on its own
+// connection (reconnect wait as given).
+func newSetup(t *testing.T, reconnectWait time.Duration, keys map[string]string) *setup {
+	t.Helper()
+	srv := startServer(t)
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range keys {
+		if _, err := kv.PutString(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc, wjs := srv.connect(t, reconnectWait)
+	w, err := watch.New(ctx, wjs, bucket, watch.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &view{values: map[string]string{}}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch not ready")
+	}
+	return &setup{srv: srv, nc: nc, w: w, v: v, kv: kv, js: js}
+}
+
+// reopen gives the test a handle on the bucket after the server restarted
+// (its old connection reconnects too, but need not have yet).
+func (s *setup) reopen(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	_, js := s.srv.connect(t, 250*time.Millisecond)
+	var kv jetstream.KeyValue
+	natstest.Eventually(t, 10*time.Second, "bucket available after restart", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var err error
+		kv, err = js.KeyValue(ctx, bucket)
+		return err == nil
+	})
+	s.js = js
+	return kv
+}
+
+func TestWatchReportsChanges(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, 250*time.Millisecond, map[string]string{"a": "1", "b": "2"})
+	ctx := context.Background()
+	if !s.v.find(func(e watch.Event) bool { return e.Key == "a" && e.Initial && !e.Gone() }) {
+		t.Fatal("initial a not reported as Initial")
+	}
+	if st := s.w.Status(); !st.Fresh || !st.GapEnded.IsZero() || !s.w.Settled(time.Hour, time.Now()) {
+		t.Fatalf("status after start: %+v", st)
+	}
+	if _, err := s.kv.PutString(ctx, "c", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.kv.Delete(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "put c and delete a seen", func() bool {
+		_, hasA := s.v.get("a")
+		c, _ := s.v.get("c")
+		return !hasA && c == "3"
+	})
+	if !s.v.find(func(e watch.Event) bool { return e.Key == "a" && e.Op == jetstream.KeyValueDelete && !e.Resync }) {
+		t.Fatal("delete of a not reported as a delete")
+	}
+}
+
+// TestWatchResyncsAfterServerRestart: nats-server restarts (same store,
+// same port) under a watch, after a 2 s outage. The watch says it is stale while the server
+// is away and is fresh again, with a change made after the restart in its
+// view, within about a second of the restart (a plain KV watch stays
+// silent 8–10 s). A supervisor-style caller sees Settled false until its
+// wait after the gap has passed.
+func TestWatchResyncsAfterServerRestart(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, 250*time.Millisecond, map[string]string{"a": "1", "b": "2"})
+	s.srv.Down()
+	natstest.Eventually(t, 5*time.Second, "gap noticed while the server is down", func() bool { return !s.w.Fresh() })
+	if s.w.Settled(0, time.Now()) {
+		t.Fatal("settled while the server is down")
+	}
+	time.Sleep(2 * time.Second) // an outage of a few seconds: the watch keeps trying meanwhile
+	s.srv.Up(t)
+	restarted := time.Now()
+	kv := s.reopen(t)
+	if _, err := kv.PutString(context.Background(), "b", "after-restart"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "fresh again with the change made after the restart", func() bool {
+		b, _ := s.v.get("b")
+		return s.w.Fresh() && b == "after-restart"
+	})
+	took := time.Since(restarted)
+	st := s.w.Status()
+	t.Logf("view fresh and current %s after the server restarted (status %+v)", took.Round(time.Millisecond), st)
+	if st.Resyncs < 1 || !st.GapEnded.After(st.GapStarted) {
+		t.Fatalf("status after restart: %+v", st)
+	}
+	if s.w.Settled(time.Hour, time.Now()) || !s.w.Settled(0, time.Now()) {
+		t.Fatal("Settled does not count from the end of the gap")
+	}
+}
+
+// TestWatchNoticesKeyRemovedDuringGap: while the watch's connection is
+// away the server restarts and a key is purged without leaving any marker
+// (as an expiry whose marker aged out, or a bucket without markers): no
+// watcher can ever deliver that. The re-sync after the reconnect finds the
+// key missing and reports it gone (Resync), and the other key's change.
+func TestWatchNoticesKeyRemovedDuringGap(t *testing.T) {
+	t.Parallel()
+	// A long reconnect wait keeps the watch away until the test is ready.
+	s := newSetup(t, time.Hour, map[string]string{"keep": "1", "gone": "2"})
+	s.srv.Down()
+	natstest.Eventually(t, 5*time.Second, "gap noticed", func() bool { return !s.w.Fresh() })
+	s.srv.Up(t)
+	kv := s.reopen(t)
+	ctx := context.Background()
+	stream, err := s.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(ctx, "keep", "changed"); err != nil {
+		t.Fatal(err)
+	}
+	if s.w.Fresh() {
+		t.Fatal("fresh before its connection came back")
+	}
+	if err := s.nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "re-synced: gone removed, keep changed", func() bool {
+		_, hasGone := s.v.get("gone")
+		keep, _ := s.v.get("keep")
+		return s.w.Fresh() && !hasGone && keep == "changed"
+	})
+	if !s.v.find(func(e watch.Event) bool { return e.Key == "gone" && e.Resync && e.Op == jetstream.KeyValuePurge }) {
+		t.Fatal("gone not reported as removed by the re-sync")
+	}
+	if !s.v.find(func(e watch.Event) bool { return e.Key == "keep" && e.Resync && !e.Gone() }) {
+		t.Fatal("keep's change not reported by the re-sync")
+	}
+}
+
+// TestWatchDetectsStalledWatcher: the watcher's consumer disappears on the
+// server (as when the node holding it dies in a cluster) while the
+// connection stays up. nats.go would notice after two missed 5 s
+// heartbeats; the watch's own heartbeat probe sees the bucket move on
+// without it and re-syncs.
+func TestWatchDetectsStalledWatcher(t *testing.T) {
+	t.Parallel()
+	s := newSetup(t, 250*time.Millisecond, map[string]string{"a": "1"})
+	ctx := context.Background()
+	stream, err := s.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name := range stream.ListConsumers(ctx).Info() {
+		names = append(names, name.Name)
+	}
+	for _, n := range names {
+		if err := stream.DeleteConsumer(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if _, err := s.kv.PutString(ctx, "a", "while-stalled"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "change seen after the watcher's consumer vanished", func() bool {
+		a, _ := s.v.get("a")
+		return a == "while-stalled" && s.w.Fresh()
+	})
+	t.Logf("%d consumer(s) deleted; change seen after %s (resyncs %d)", len(names), time.Since(start).Round(time.Millisecond), s.w.Status().Resyncs)
+	if s.w.Status().Resyncs < 1 {
+		t.Fatal("no re-sync recorded")
+	}
+}

@@ -1,0 +1,40 @@
+package client
+
+import "github.com/wardenhq/warden/internal/jobstore"
+
+// The job store's records, as Follow, Job and Jobs return them: the JSON
+// documents the scheduler keeps in the warden_jobs bucket
+// (docs/protocol.md). They are read-only views here; only the scheduler
+// and the supervisor change them.
+type (
+	// Job is a job's record: its spec, desired and current state.
+	Job = jobstore.Job
+	// Step is a step's record: state, epoch, actor, attempts, result.
+	Step = jobstore.Step
+	// Attempt is one run of a step, in Step.Attempts.
+	Attempt = jobstore.Attempt
+	// JobState is a job's state; Terminal reports whether it is final.
+	JobState = jobstore.JobState
+	// StepState is a step's state; Terminal reports whether it is final.
+	StepState = jobstore.StepState
+)
+
+// Job states.
+const (
+	JobPending   = jobstore.JobPending
+	JobRunning   = jobstore.JobRunning
+	JobSucceeded = jobstore.JobSucceeded
+	JobFailed    = jobstore.JobFailed
+	JobCancelled = jobstore.JobCancelled
+)
+
+// Step states.
+const (
+	StepPending      = jobstore.StepPending
+	StepDispatched   = jobstore.StepDispatched
+	StepSucceeded    = jobstore.StepSucceeded
+	StepFailed       = jobstore.StepFailed
+	StepSkipped      = jobstore.StepSkipped
+	StepCancelled    = jobstore.StepCancelled
+	StepDeadLettered = jobstore.StepDeadLettered
+)

@@ -1,0 +1,68 @@
+package protocol
+
+// Workflow protocol (issue 13): delayed submissions, recurring schedules
+// and the events of schedules, expiry and compensation. See
+// docs/protocol.md, "Delayed and recurring jobs".
+
+const (
+	// SubjectDelayPrefix: a submission published to warden.delay.<job>
+	// with the JetStream message-schedule headers
+	//	Nats-Schedule: @at <RFC 3339 time>
+	//	Nats-Schedule-Target: warden.submit.<job>
+	// is held by WARDEN_SUBMIT and released onto warden.submit.<job> at
+	// that time, headers and body intact; the server then removes it.
+	SubjectDelayPrefix = "warden.delay"
+
+	// SubjectSchedulePrefix prefixes the WARDEN_SCHEDULES stream:
+	//	warden.schedule.def.<name>    a schedule's definition (JSON)
+	//	warden.schedule.timer.<name>  a message schedule (@at) that fires the next tick
+	//	warden.schedule.tick.<name>   a fired tick, relayed to warden.submit.<name>-<unix>
+	SubjectSchedulePrefix = "warden.schedule"
+
+	// HeaderSchedule names the schedule a submission or tick comes from.
+	HeaderSchedule = "Warden-Schedule"
+	// HeaderScheduleTick is the tick's time (RFC 3339 nano): when it was
+	// due, whenever it is handled.
+	HeaderScheduleTick = "Warden-Schedule-Tick"
+	// HeaderScheduleRev is the stream sequence of the definition a timer
+	// was armed for; a tick of a removed or replaced definition is dropped.
+	HeaderScheduleRev = "Warden-Schedule-Rev"
+
+	// SubjectControlGateFreed tells every scheduler (plain publish, no
+	// queue group) that a concurrency slot was freed for the job in the
+	// body: the scheduler that owns the job dispatches its waiting step
+	// now; the others ignore it.
+	SubjectControlGateFreed = "warden.control.gate_freed"
+
+	// Message-schedule headers of nats-server 2.12+.
+	HeaderNatsSchedule       = "Nats-Schedule"
+	HeaderNatsScheduleTarget = "Nats-Schedule-Target"
+	HeaderNatsScheduler      = "Nats-Scheduler"
+)
+
+// DelaySubject is where a submission of job waits until its time.
+func DelaySubject(job string) string { return SubjectDelayPrefix + "." + job }
+
+// ScheduleDefSubject, ScheduleTimerSubject and ScheduleTickSubject are a
+// schedule's subjects in WARDEN_SCHEDULES.
+func ScheduleDefSubject(name string) string   { return SubjectSchedulePrefix + ".def." + name }
+func ScheduleTimerSubject(name string) string { return SubjectSchedulePrefix + ".timer." + name }
+func ScheduleTickSubject(name string) string  { return SubjectSchedulePrefix + ".tick." + name }
+
+// Workflow event kinds.
+const (
+	// EventScheduleFired: a schedule's tick was submitted as a job.
+	EventScheduleFired EventKind = "schedule_fired"
+	// EventScheduleSkipped: a tick missed while nothing could handle it
+	// was skipped (catch-up policy skip).
+	EventScheduleSkipped EventKind = "schedule_skipped"
+	// EventJobCompensating: a job failed for good and its compensation
+	// steps (Data["plan"]: the steps undone, in order) started.
+	EventJobCompensating EventKind = "job_compensating"
+	// EventJobCompensationEnded: the compensation of a job ended
+	// (Data["state"]: compensated or compensation_failed).
+	EventJobCompensationEnded EventKind = "job_compensation_ended"
+	// EventStepExpired: a step was not started by its expires_at (ttl) and
+	// ended expired, never run late.
+	EventStepExpired EventKind = "step_expired"
+)

@@ -1,0 +1,301 @@
+package spec
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/wardenhq/warden/internal/retry"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// Priority orders work under backlog: higher priorities are dispatched and
+// taken first. The empty priority is PriorityNormal.
+type Priority string
+
+// Priorities, lowest first.
+const (
+	PriorityLow      Priority = "low"
+	PriorityNormal   Priority = "normal"
+	PriorityHigh     Priority = "high"
+	PriorityCritical Priority = "critical"
+)
+
+// Priorities lists every priority, lowest first.
+var Priorities = []Priority{PriorityLow, PriorityNormal, PriorityHigh, PriorityCritical}
+
+// Rank is 0 (low) to 3 (critical); the empty priority ranks as normal and
+// an unknown one as -1.
+func (p Priority) Rank() int {
+	switch p {
+	case PriorityLow:
+		return 0
+	case "", PriorityNormal:
+		return 1
+	case PriorityHigh:
+		return 2
+	case PriorityCritical:
+		return 3
+	}
+	return -1
+}
+
+// OrDefault returns p, or PriorityNormal when p is empty.
+func (p Priority) OrDefault() Priority {
+	if p == "" {
+		return PriorityNormal
+	}
+	return p
+}
+
+// Concurrency caps how many steps holding Key run at once, system-wide.
+type Concurrency struct {
+	// Key names the group, e.g. "customer-42": letters, digits, '_', '-'.
+	Key string `json:"key" yaml:"key"`
+	// Limit is how many steps with the key may run at once (1 to 10000).
+	Limit int `json:"limit" yaml:"limit"`
+}
+
+// Compensation is what undoes a step that succeeded, run when its job fails
+// permanently or is cancelled with compensation. It runs as a step of its
+// own (fenced, leased, retried), on the step's pool unless it names one.
+type Compensation struct {
+	Action     string            `json:"action" yaml:"action"`
+	Params     map[string]any    `json:"params,omitempty" yaml:"params,omitempty"`
+	Pool       string            `json:"pool,omitempty" yaml:"pool,omitempty"`
+	Agent      string            `json:"agent,omitempty" yaml:"agent,omitempty"`
+	Requires   []string          `json:"requires,omitempty" yaml:"requires,omitempty"`
+	Timeout    protocol.Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+	MaxRetries *int              `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`
+	Retry      *RetryOverride    `json:"retry,omitempty" yaml:"retry,omitempty"`
+}
+
+// CompensationSuffix ends the id of a step's compensation step.
+const CompensationSuffix = "_compensate"
+
+// CompensationID is the id of the compensation step of step id.
+func CompensationID(step string) string { return step + CompensationSuffix }
+
+// maxDelay bounds delay, run_at and ttl: a year ahead.
+const maxDelay = 366 * 24 * time.Hour
+
+// StartAt is when a job submitted at submitted may start: run_at, or
+// submitted + delay, or the zero time (at once).
+func (j *Job) StartAt(submitted time.Time) time.Time {
+	switch {
+	case j.RunAt != nil:
+		return *j.RunAt
+	case j.Delay > 0:
+		return submitted.Add(j.Delay.Std())
+	}
+	return time.Time{}
+}
+
+// ExpiryAt is when a job expires if it has not started: expires_at, or
+// ttl after due (when it is materialised: at submission, or when a
+// delayed job is released), or the zero time (never).
+func (j *Job) ExpiryAt(due time.Time) time.Time {
+	switch {
+	case j.ExpiresAt != nil:
+		return *j.ExpiresAt
+	case j.TTL > 0:
+		return due.Add(j.TTL.Std())
+	}
+	return time.Time{}
+}
+
+// StepExpiryAt is when step s of j, materialised at due, expires if it has
+// not started: the earliest of the step's expires_at, ttl (or expires_in)
+// and the job's expiry; the zero time means never.
+func (j *Job) StepExpiryAt(s Step, due time.Time) time.Time {
+	var at time.Time
+	earliest := func(t time.Time) {
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
+		}
+	}
+	if s.ExpiresAt != nil {
+		earliest(*s.ExpiresAt)
+	}
+	if d := max(s.TTL, s.ExpiresIn); d > 0 {
+		earliest(due.Add(d.Std()))
+	}
+	earliest(j.ExpiryAt(due))
+	return at
+}
+
+// StepPriority is the priority step s runs at: its own, else the job's,
+// else normal.
+func (j *Job) StepPriority(s Step) Priority {
+	if s.Priority != "" {
+		return s.Priority
+	}
+	return j.Priority.OrDefault()
+}
+
+// StepConcurrency lists the concurrency keys step s must hold to run: the
+// job's key (shared by all its steps) and the step's own.
+func (j *Job) StepConcurrency(s Step) []Concurrency {
+	var out []Concurrency
+	if j.Concurrency != nil {
+		out = append(out, *j.Concurrency)
+	}
+	if s.Concurrency != nil && (j.Concurrency == nil || s.Concurrency.Key != j.Concurrency.Key) {
+		out = append(out, *s.Concurrency)
+	}
+	return out
+}
+
+// validateWorkflow checks the workflow fields; Validate has checked ids
+// and dependencies already.
+func (j *Job) validateWorkflow() error {
+	if err := validPriority("priority", j.Priority); err != nil {
+		return err
+	}
+	if j.RunAt != nil && j.Delay > 0 {
+		return invalid(ReasonInvalidValue, "run_at", "set run_at or delay, not both")
+	}
+	if j.Delay.Std() > maxDelay {
+		return invalid(ReasonInvalidValue, "delay", "at most %s, got %s", maxDelay, j.Delay)
+	}
+	if j.ExpiresAt != nil && j.TTL > 0 {
+		return invalid(ReasonInvalidValue, "expires_at", "set expires_at or ttl, not both")
+	}
+	if j.TTL.Std() > maxDelay {
+		return invalid(ReasonInvalidValue, "ttl", "at most %s, got %s", maxDelay, j.TTL)
+	}
+	if j.RunAt != nil && j.ExpiresAt != nil && !j.ExpiresAt.After(*j.RunAt) {
+		return invalid(ReasonInvalidValue, "expires_at", "the job would expire (%s) before it may start (run_at %s)",
+			j.ExpiresAt.Format(time.RFC3339), j.RunAt.Format(time.RFC3339))
+	}
+	if err := validConcurrency("concurrency", j.Concurrency); err != nil {
+		return err
+	}
+	ids := make(map[string]bool, len(j.Steps))
+	for _, s := range j.Steps {
+		ids[s.ID] = true
+	}
+	for i, s := range j.Steps {
+		f := fmt.Sprintf("steps[%d]", i)
+		if err := validPriority(f+".priority", s.Priority); err != nil {
+			return err
+		}
+		if s.TTL > 0 && s.ExpiresIn > 0 {
+			return invalid(ReasonInvalidValue, f+".ttl", "set ttl or expires_in (its older name), not both")
+		}
+		if s.ExpiresAt != nil && max(s.TTL, s.ExpiresIn) > 0 {
+			return invalid(ReasonInvalidValue, f+".expires_at", "set expires_at or ttl, not both")
+		}
+		if s.TTL.Std() > maxDelay {
+			return invalid(ReasonInvalidValue, f+".ttl", "at most %s, got %s", maxDelay, s.TTL)
+		}
+		if err := validConcurrency(f+".concurrency", s.Concurrency); err != nil {
+			return err
+		}
+		if s.RateLimit != "" && !protocol.ValidToken(s.RateLimit) {
+			return invalid(ReasonInvalidID, f+".rate_limit", "rate limit name %q may contain only letters, digits, '_' and '-'", s.RateLimit)
+		}
+		if c := s.Compensate; c != nil {
+			if err := validCompensation(f+".compensate", s.ID, c, ids); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func validPriority(field string, p Priority) error {
+	if p.Rank() < 0 {
+		return invalid(ReasonInvalidValue, field, "%q is not a priority: use low, normal, high or critical", string(p))
+	}
+	return nil
+}
+
+func validConcurrency(field string, c *Concurrency) error {
+	if c == nil {
+		return nil
+	}
+	if c.Key == "" {
+		return invalid(ReasonMissingField, field+".key", "a concurrency limit needs a key")
+	}
+	if !protocol.ValidToken(c.Key) {
+		return invalid(ReasonInvalidID, field+".key", "%q may contain only letters, digits, '_' and '-'", c.Key)
+	}
+	if c.Limit < 1 || c.Limit > 10000 {
+		return invalid(ReasonInvalidValue, field+".limit", "must be between 1 and 10000, got %d", c.Limit)
+	}
+	return nil
+}
+
+func validCompensation(field, step string, c *Compensation, ids map[string]bool) error {
+	if c.Action == "" {
+		return invalid(ReasonMissingField, field+".action", "the compensation of step %q needs an action", step)
+	}
+	if !protocol.ValidToken(c.Action) {
+		return invalid(ReasonInvalidID, field+".action", "action %q may contain only letters, digits, '_' and '-'", c.Action)
+	}
+	if c.Pool != "" && !protocol.ValidToken(c.Pool) {
+		return invalid(ReasonInvalidID, field+".pool", "pool %q may contain only letters, digits, '_' and '-'", c.Pool)
+	}
+	if c.Agent != "" && !protocol.ValidToken(c.Agent) {
+		return invalid(ReasonInvalidID, field+".agent", "agent %q may contain only letters, digits, '_' and '-'", c.Agent)
+	}
+	if c.MaxRetries != nil && (*c.MaxRetries < 0 || *c.MaxRetries > 100) {
+		return invalid(ReasonInvalidValue, field+".max_retries", "must be between 0 and 100, got %d", *c.MaxRetries)
+	}
+	if c.Retry != nil {
+		if err := c.Retry.Apply(retry.DefaultPolicy()).Validate(); err != nil {
+			return invalid(ReasonInvalidValue, field+".retry", "%v", err)
+		}
+	}
+	id := CompensationID(step)
+	if !protocol.ValidToken(id) {
+		return invalid(ReasonInvalidID, field, "step id %q is too long to name its compensation %q", step, id)
+	}
+	if ids[id] {
+		return invalid(ReasonDuplicateStep, field, "step %q's compensation would be named %q, which is another step's id", step, id)
+	}
+	return nil
+}
+
+// CompensationStep is the step that runs c for step s: same pool, agent
+// and requirements unless c names its own, the same priority,
+// concurrency key and rate limit, no dependencies (the planner orders
+// compensations).
+func (s Step) CompensationStep() (Step, bool) {
+	c := s.Compensate
+	if c == nil {
+		return Step{}, false
+	}
+	out := Step{
+		ID: CompensationID(s.ID), Action: c.Action, Params: c.Params,
+		Pool: s.Pool, Agent: s.Agent, Requires: s.Requires,
+		Timeout: c.Timeout, MaxRetries: c.MaxRetries, Retry: c.Retry,
+		Priority: s.Priority, Concurrency: s.Concurrency, RateLimit: s.RateLimit,
+	}
+	if c.Pool != "" {
+		out.Pool, out.Agent = c.Pool, c.Agent
+	} else if c.Agent != "" {
+		out.Agent = c.Agent
+	}
+	if c.Requires != nil {
+		out.Requires = c.Requires
+	}
+	return out, true
+}
+
+// EffectiveRank is the rank a priority competes at after waiting for
+// waited: one level higher for every aging that passed, up to critical's.
+// This is the guard against starvation: under a steady stream of higher
+// priority work a low step waits at most 3 × aging before it competes as
+// critical (ties go to the step that waited longest). aging <= 0 turns
+// aging off.
+func (p Priority) EffectiveRank(waited, aging time.Duration) int {
+	r := p.Rank()
+	if r < 0 {
+		r = PriorityNormal.Rank()
+	}
+	if aging > 0 && waited > 0 {
+		r += int(waited / aging)
+	}
+	return min(r, PriorityCritical.Rank())
+}

@@ -1,0 +1,130 @@
+package spec_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+func TestWorkflowFieldsRejected(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, in, reason, mention string
+	}{
+		{"bad priority", "name: x\npriority: urgent\nsteps: [{id: a, action: echo}]", spec.ReasonInvalidValue, "urgent"},
+		{"bad step priority", "name: x\nsteps: [{id: a, action: echo, priority: HIGH}]", spec.ReasonInvalidValue, "steps[0].priority"},
+		{"run_at and delay", "name: x\nrun_at: 2030-01-01T00:00:00Z\ndelay: 2s\nsteps: [{id: a, action: echo}]", spec.ReasonInvalidValue, "not both"},
+		{"negative delay", "name: x\ndelay: -2s\nsteps: [{id: a, action: echo}]", spec.ReasonMalformed, "negative"},
+		{"huge delay", "name: x\ndelay: 9000h\nsteps: [{id: a, action: echo}]", spec.ReasonInvalidValue, "delay"},
+		{"expires before start", "name: x\nrun_at: 2030-01-02T00:00:00Z\nexpires_at: 2030-01-01T00:00:00Z\nsteps: [{id: a, action: echo}]", spec.ReasonInvalidValue, "before it may start"},
+		{"expires_at and ttl", "name: x\nexpires_at: 2030-01-01T00:00:00Z\nttl: 1m\nsteps: [{id: a, action: echo}]", spec.ReasonInvalidValue, "not both"},
+		{"step ttl and expires_in", "name: x\nsteps: [{id: a, action: echo, ttl: 1m, expires_in: 1m}]", spec.ReasonInvalidValue, "expires_in"},
+		{"concurrency without key", "name: x\nconcurrency: {limit: 1}\nsteps: [{id: a, action: echo}]", spec.ReasonMissingField, "concurrency.key"},
+		{"concurrency zero limit", "name: x\nsteps: [{id: a, action: echo, concurrency: {key: c-42, limit: 0}}]", spec.ReasonInvalidValue, "steps[0].concurrency.limit"},
+		{"concurrency bad key", "name: x\nsteps: [{id: a, action: echo, concurrency: {key: 'c 42', limit: 1}}]", spec.ReasonInvalidID, "c 42"},
+		{"rate limit bad name", "name: x\nsteps: [{id: a, action: echo, rate_limit: 'a.b'}]", spec.ReasonInvalidID, "rate_limit"},
+		{"compensate without action", "name: x\nsteps: [{id: a, action: echo, compensate: {params: {x: 1}}}]", spec.ReasonMissingField, "steps[0].compensate.action"},
+		{"compensate bad retries", "name: x\nsteps: [{id: a, action: echo, compensate: {action: echo, max_retries: 101}}]", spec.ReasonInvalidValue, "compensate.max_retries"},
+		{"compensate unknown field", "name: x\nsteps: [{id: a, action: echo, compensate: {action: echo, undo: true}}]", spec.ReasonUnknownField, "undo"},
+		{"compensation id taken", "name: x\nsteps: [{id: a, action: echo, compensate: {action: echo}}, {id: a_compensate, action: echo}]", spec.ReasonDuplicateStep, "a_compensate"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := spec.Parse([]byte(c.in), spec.Limits{})
+			if err == nil {
+				t.Fatalf("accepted, want %s", c.reason)
+			}
+			if got := spec.ReasonOf(err); got != c.reason {
+				t.Fatalf("reason %q, want %q (%v)", got, c.reason, err)
+			}
+			if !strings.Contains(err.Error(), c.mention) {
+				t.Fatalf("error %q does not mention %q", err, c.mention)
+			}
+		})
+	}
+}
+
+func TestWorkflowFieldsAccepted(t *testing.T) {
+	t.Parallel()
+	in := `
+name: charge
+priority: high
+run_at: "2030-01-01T00:00:00Z"
+expires_at: 2030-01-01T01:00:00Z
+concurrency: {key: customer-42, limit: 1}
+steps:
+  - id: reserve
+    action: echo
+    compensate: {action: echo, params: {message: release}, max_retries: 5}
+  - id: charge
+    action: echo
+    depends_on: [reserve]
+    priority: critical
+    ttl: 30s
+    rate_limit: payments-api
+    concurrency: {key: psp, limit: 10}
+    compensate: {action: refund, pool: payments, timeout: 1m}
+`
+	j, err := spec.Parse([]byte(in), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := time.Date(2029, 12, 31, 0, 0, 0, 0, time.UTC)
+	if got := j.StartAt(sub); !got.Equal(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("start %v", got)
+	}
+	if got := j.StepExpiryAt(j.Steps[1], sub); !got.Equal(sub.Add(30 * time.Second)) {
+		t.Fatalf("step expiry %v", got)
+	}
+	if got := j.StepExpiryAt(j.Steps[0], sub); !got.Equal(time.Date(2030, 1, 1, 1, 0, 0, 0, time.UTC)) {
+		t.Fatalf("job expiry on step %v", got)
+	}
+	if j.StepPriority(j.Steps[0]) != spec.PriorityHigh || j.StepPriority(j.Steps[1]) != spec.PriorityCritical {
+		t.Fatalf("priorities %v %v", j.StepPriority(j.Steps[0]), j.StepPriority(j.Steps[1]))
+	}
+	if keys := j.StepConcurrency(j.Steps[1]); len(keys) != 2 || keys[0].Key != "customer-42" || keys[1].Limit != 10 {
+		t.Fatalf("keys %+v", keys)
+	}
+	c, ok := j.Steps[1].CompensationStep()
+	if !ok || c.ID != "charge_compensate" || c.Action != "refund" || c.Pool != "payments" || c.RateLimit != "payments-api" {
+		t.Fatalf("compensation step %+v", c)
+	}
+	d, err := spec.Parse([]byte(`{"name":"later","delay":"2s","ttl":"1m","steps":[{"id":"a","action":"echo"}]}`), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.StartAt(sub); !got.Equal(sub.Add(2 * time.Second)) {
+		t.Fatalf("delayed start %v", got)
+	}
+	if (&spec.Job{}).StartAt(sub) != (time.Time{}) {
+		t.Fatal("a job without run_at or delay starts at once")
+	}
+}
+
+func TestEffectiveRankAges(t *testing.T) {
+	t.Parallel()
+	const aging = 30 * time.Second
+	for _, c := range []struct {
+		p      spec.Priority
+		waited time.Duration
+		want   int
+	}{
+		{spec.PriorityLow, 0, 0},
+		{spec.PriorityLow, 29 * time.Second, 0},
+		{spec.PriorityLow, 30 * time.Second, 1},
+		{spec.PriorityLow, 95 * time.Second, 3},
+		{spec.PriorityLow, time.Hour, 3},
+		{"", 0, 1},
+		{spec.PriorityCritical, time.Hour, 3},
+	} {
+		if got := c.p.EffectiveRank(c.waited, aging); got != c.want {
+			t.Errorf("%q after %s: rank %d, want %d", c.p, c.waited, got, c.want)
+		}
+	}
+	if got := spec.PriorityLow.EffectiveRank(time.Hour, 0); got != 0 {
+		t.Errorf("aging off: rank %d", got)
+	}
+}

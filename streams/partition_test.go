@@ -1,0 +1,58 @@
+package streams_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// The submit and results streams store a job's messages under its
+// partition, which clients compute with protocol.Partition.
+func TestSubjectsAreStoredUnderTheJobsPartition(t *testing.T) {
+	_, _, js := natstest.Start(t, streams.Options{Partitions: 8})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, job := range []string{"a", "job-1", "0123456789abcdef", "x_y"} {
+		p := protocol.Partition(job, 8)
+		if _, err := js.Publish(ctx, protocol.SubmitSubject(job), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		s, _ := js.Stream(ctx, protocol.StreamSubmit)
+		m, err := s.GetLastMsgForSubject(ctx, protocol.SubjectSubmit+".*.*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := protocol.SubjectSubmit + "." + itoa(p) + "." + job; m.Subject != want {
+			t.Fatalf("submission of %s stored as %s, want %s", job, m.Subject, want)
+		}
+		if _, err := js.Publish(ctx, protocol.ResultSubject("pool", "ag", job, "s1"), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		r, _ := js.Stream(ctx, protocol.StreamResults)
+		m, err = r.GetLastMsgForSubject(ctx, protocol.StoredResultFilter(p))
+		if err != nil {
+			t.Fatalf("result of %s not under partition %d: %v", job, p, err)
+		}
+		if want := "warden.result." + itoa(p) + ".pool.ag." + job + ".s1"; m.Subject != want {
+			t.Fatalf("result stored as %s, want %s", m.Subject, want)
+		}
+	}
+	// The bare subject is stored as it is.
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: protocol.SubjectSubmit, Data: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, protocol.StreamSubmit)
+	if _, err := s.GetLastMsgForSubject(ctx, protocol.SubjectSubmit); err != nil {
+		t.Fatalf("bare submission: %v", err)
+	}
+	_ = jetstream.ErrMsgNotFound
+}
+
+func itoa(i int) string { return string(rune('0' + i)) }
