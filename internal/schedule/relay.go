@@ -21,6 +21,10 @@ import (
 // RelayConsumer is the durable consumer every scheduler's Relay shares.
 const RelayConsumer = "schedule-relay"
 
+// handleTimeout bounds one tick's relaying (a submission, an event, the
+// next timer), also when the relay is stopping.
+const handleTimeout = 10 * time.Second
+
 // Relay turns fired ticks into submissions and arms the next tick. Run one
 // in every scheduler; they share one durable consumer.
 type Relay struct {
@@ -34,6 +38,8 @@ type Relay struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	cc     jetstream.ConsumeContext
+	// handling counts ticks being relayed, so Stop can wait for them.
+	handling sync.WaitGroup
 	// streams are the deployment's stream options (replicas).
 	streams streams.Options
 }
@@ -91,7 +97,21 @@ func (r *Relay) Start(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
 	r.done = make(chan struct{})
-	cc, err := cons.Consume(func(m jetstream.Msg) { r.handle(rctx, m) })
+	// A tick in progress is finished even when the relay stops: stopping
+	// between the submission and the re-arming would leave the schedule
+	// with no timer until some relay starts again and the tick is
+	// redelivered, so nothing would fire while the others are down.
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		r.handling.Add(1)
+		defer r.handling.Done()
+		if rctx.Err() != nil {
+			_ = m.Nak() // stopping: leave it to a running relay
+			return
+		}
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), handleTimeout)
+		defer cancel()
+		r.handle(hctx, m)
+	})
 	if err != nil {
 		cancel()
 		return fmt.Errorf("consume ticks: %w", err)
@@ -107,6 +127,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		}
 		cc.Stop()
 		<-cc.Closed()
+		r.handling.Wait()
 	}()
 	return nil
 }
