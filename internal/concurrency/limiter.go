@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +46,11 @@ func (c Config) WithDefaults() Config {
 type Limiter struct {
 	kv  jetstream.KeyValue
 	cfg Config
+	// keys serialises this process's updates of each key: its callers
+	// would otherwise lose compare-and-set races to each other and retry,
+	// each retry another read and write of a record that grows with the
+	// queue. Races with other processes are still settled by the CAS.
+	keys sync.Map // key → *sync.Mutex
 }
 
 // New opens the warden_concurrency bucket (streams.EnsureWorkflow creates it).
@@ -87,6 +93,9 @@ const maxCAS = 16
 // update applies fn to key's record with compare-and-set, retrying lost
 // races. fn returns whether to write.
 func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) bool) error {
+	mu, _ := l.keys.LoadOrStore(key, new(sync.Mutex))
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
 	for attempt := range maxCAS {
 		if attempt > 0 {
 			// Lost a race: back off a little, with jitter, so that

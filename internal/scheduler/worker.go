@@ -49,6 +49,10 @@ type worker struct {
 	// concurrency key's queue: wakes before then skip the key's record
 	// (workflow.go).
 	gated map[string]time.Time
+	// gateSpent is the time this turn spent asking concurrency keys and
+	// rate limits; past gateBudget the turn's remaining steps ask on a
+	// later turn (workflow.go).
+	gateSpent time.Duration
 	// ctx is the context run was given, for the calls a turn makes
 	// outside its write rounds (concurrency keys, rate limits).
 	ctx context.Context
@@ -229,6 +233,7 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 	}
 	now := w.s.now().UTC()
 	w.turns++
+	w.gateSpent = 0
 	for _, jt := range order {
 		w.prepare(ctx, jt, now)
 		if jt.js != nil {

@@ -59,6 +59,15 @@ func (s *Scheduler) rateRetry(name string, at time.Time) time.Time {
 // lease: the slot outlives every moment the step's agent may still work.
 const slotMargin = time.Second
 
+// gateBudget bounds the time one turn spends on concurrency keys and rate
+// limits (a round trip or a few each, more when schedulers contend for a
+// key). The lease of a step dispatched in the turn runs from the turn's
+// start, and its task is published at the turn's end: a turn that asked
+// hundreds of queued steps about a key one after another published tasks
+// after their deadlines (seen in TestConcurrencyKeyNeverOverlaps under
+// load: every task reached its agent ~15 s late and was dead-lettered).
+const gateBudget = 100 * time.Millisecond
+
 // openGates creates the workflow stream and buckets and opens the limiters.
 func (s *Scheduler) openGates(ctx context.Context) error {
 	if err := streams.EnsureWorkflow(ctx, s.js, s.cfg.streamOptions()); err != nil {
@@ -132,9 +141,19 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		// place is renewed then.
 		return false, until, st.Waiting
 	}
+	if w.gateSpent >= gateBudget {
+		// The turn spent its share on gates: a step admitted now would be
+		// published at the end of a turn that has already eaten into its
+		// lease, and every other job of this worker waits for the turn.
+		// It asks again next turn; the message's redelivery, later, is
+		// only the durable fallback.
+		w.wakeAt(jt.id, now.Add(gateBudget))
+		return false, now.Add(time.Second), st.Waiting
+	}
 	delete(w.gated, holder)
 	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
+	defer func(start time.Time) { w.gateSpent += time.Since(start) }(time.Now())
 	lease := st.Timeout.Std() + w.s.cfg.DispatchGrace.Std() + slotMargin
 	var held []spec.Concurrency
 	undo := func() {
