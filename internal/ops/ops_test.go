@@ -181,10 +181,20 @@ func TestMicroServices(t *testing.T) {
 	if json.Unmarshal(m.Data, &e); e.Error.Code != ops.CodeNotFound {
 		t.Fatalf("error body %s", m.Data)
 	}
-	for _, es := range svc.Stats().Endpoints {
-		if es.Name == "jobs_show" && es.NumErrors != 1 {
-			t.Fatalf("jobs_show stats: %+v", es)
+	// micro counts a request after its handler returns, which is after
+	// the reply was sent: wait for the count rather than read it at once.
+	var shown *micro.EndpointStats
+	natstest.Eventually(t, 5*time.Second, "jobs_show counts the error", func() bool {
+		for _, es := range svc.Stats().Endpoints {
+			if es.Name == "jobs_show" {
+				shown = es
+				return es.NumRequests == 1
+			}
 		}
+		return false
+	})
+	if shown.NumErrors != 1 {
+		t.Fatalf("jobs_show stats: %+v", shown)
 	}
 }
 
