@@ -61,7 +61,8 @@ type Config struct {
 	// process must use the same number. Defaults to 8.
 	Partitions int `yaml:"partitions"`
 	// PinnedTTL is how long a partition stays with a scheduler that stopped
-	// pulling (frozen, partitioned) before another may take it. Defaults to 5s.
+	// pulling (frozen, partitioned) before another may take it. Defaults to
+	// 5s; at least 2s (the owner renews it by pulling every half TTL).
 	PinnedTTL protocol.Duration `yaml:"pinned_ttl"`
 	// AckWait bounds how long a scheduler may hold a submission or result
 	// without acknowledging it before another may take it; held messages are
@@ -174,6 +175,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_job_share must be in (0, 1], got %g", c.MaxJobShare)
 	case c.AckWait.Std() < time.Second:
 		return fmt.Errorf("ack_wait must be at least 1s, got %s", c.AckWait.Std())
+	case c.PinnedTTL.Std() < 2*time.Second:
+		// The owner renews its pin with a pull request every half TTL,
+		// and a pull request lasts at least 1 s.
+		return fmt.Errorf("pinned_ttl must be at least 2s, got %s", c.PinnedTTL.Std())
 	}
 	return c.RateLimits.Validate()
 }

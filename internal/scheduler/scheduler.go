@@ -237,7 +237,14 @@ func (s *Scheduler) consume(ctx context.Context) ([]jetstream.ConsumeContext, er
 				}
 			})}
 		if pinned {
-			opts = append(opts, jetstream.PullPriorityGroup(streams.PriorityGroupOwner))
+			// The server renews a pin only when its holder sends a new pull
+			// request. With the default 30 s expiry a quiet partition lost
+			// its pin every PinnedTTL and flipped to another scheduler,
+			// which read the job afresh while the old owner's timers still
+			// acted on its stale copy (seen: 582 of 600 jobs accepted by
+			// both schedulers). Pull again well within the TTL.
+			opts = append(opts, jetstream.PullPriorityGroup(streams.PriorityGroupOwner),
+				jetstream.PullExpiry(pinnedPullExpiry(s.cfg.PinnedTTL.Std())))
 		}
 		cc, err := cons.Consume(handle, opts...)
 		if err != nil {
@@ -270,6 +277,12 @@ func (s *Scheduler) consume(ctx context.Context) ([]jetstream.ConsumeContext, er
 	bare.Durable, bare.FilterSubject, bare.AckWait = "scheduler-submit-bare", protocol.SubjectSubmit, ack
 	bare.Description = "Submissions on the bare warden.submit subject, taken by any scheduler."
 	return out, start(protocol.StreamSubmit, bare, false, s.onSubmission)
+}
+
+// pinnedPullExpiry is the expiry of a pinned consumer's pull requests:
+// half the pin's TTL, and at least the 1 s the client allows.
+func pinnedPullExpiry(ttl time.Duration) time.Duration {
+	return max(ttl/2, time.Second)
 }
 
 // dropLegacyConsumers removes the unfiltered consumer of earlier versions:

@@ -293,3 +293,69 @@ func TestStepNotStartedBeforeExpiryFailsAsExpired(t *testing.T) {
 	})
 	t.Logf("step %s (%s), job %s, event step_expired", st.State, st.LastError, job.State)
 }
+
+// TestQuietPartitionKeepsItsOwner: with two schedulers running, every
+// partition's pin stays with the scheduler that took it while nothing
+// arrives. The server renews a pin only on a new pull request; pulling
+// with the default 30 s expiry let quiet partitions flip between
+// schedulers every pinned_ttl, and the new owner then read jobs the old
+// one still acted on.
+func TestQuietPartitionKeepsItsOwner(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	b := setup(t)
+	cfg := scheduler.Config{Workers: 2, PinnedTTL: protocol.Duration(ttl)}
+	b.startScheduler(t, cfg)
+	b.startScheduler(t, cfg)
+	ctx := context.Background()
+	// A partition is pinned when it first delivers: one submission per
+	// partition, each rejected at once (no steps), so that nothing
+	// arrives afterwards.
+	for p := range 8 {
+		for i := 0; ; i++ {
+			id := fmt.Sprintf("quiet-%d-%d", p, i)
+			if protocol.Partition(id, 8) == p {
+				b.submitNoReply(t, []byte(`{"name":"q","steps":[]}`), id)
+				break
+			}
+		}
+	}
+	pins := func() map[string]string {
+		out := map[string]string{}
+		for p := range 8 {
+			name := fmt.Sprintf("scheduler-submit-%d", p)
+			c, err := b.js.Consumer(ctx, protocol.StreamSubmit, name)
+			if err != nil {
+				return nil
+			}
+			info, err := c.Info(ctx)
+			if err != nil || len(info.PriorityGroups) == 0 || info.PriorityGroups[0].PinnedClientID == "" {
+				return nil
+			}
+			out[name] = info.PriorityGroups[0].PinnedClientID
+		}
+		return out
+	}
+	var first map[string]string
+	natstest.Eventually(t, 20*time.Second, "every partition pinned", func() bool {
+		first = pins()
+		return first != nil
+	})
+	// Watch for three TTLs with nothing arriving: no pin may change.
+	until := time.Now().Add(3 * ttl)
+	checks := 0
+	for time.Now().Before(until) {
+		now := pins()
+		if now == nil {
+			t.Fatal("a partition lost its pin while both schedulers ran")
+		}
+		for name, id := range first {
+			if now[name] != id {
+				t.Fatalf("partition %s changed owner while quiet (%s → %s)", name, id, now[name])
+			}
+		}
+		checks++
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("8 submit partitions kept their owners for %s (%d checks), pinned_ttl %s", 3*ttl, checks, ttl)
+}
