@@ -17,6 +17,12 @@ import (
 // maxPublishWait bounds reporting a step that has no deadline.
 const maxPublishWait = 30 * time.Second
 
+// publishAttempt bounds one publish of a result. A PubAck lost as the
+// server restarts never comes: without a bound the attempt would wait for
+// the step's deadline while the lease keeper holds the task. Attempts
+// repeat the same Nats-Msg-Id, so a retry after a slow PubAck is stored once.
+const publishAttempt = 2 * time.Second
+
 // report publishes the result and, only once the server stored it (PubAck),
 // acks the task: a task is never lost between the two. Nothing is published
 // at or after the step's deadline.
@@ -52,7 +58,9 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 			log.Error().Str("status", res.Status).Msg("result not stored in time: leaving the task to redelivery")
 			return
 		}
-		_, err = a.js.PublishMsg(ctx, m)
+		pctx, pcancel := context.WithTimeout(ctx, publishAttempt)
+		_, err = a.js.PublishMsg(pctx, m)
+		pcancel()
 		if err == nil {
 			break
 		}
