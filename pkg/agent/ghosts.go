@@ -15,7 +15,10 @@ import (
 // its subject, so while it holds nothing, every unacked delivery of its
 // consumer is such a ghost. Seen on two idle checks at least a lease
 // apart, the consumer is deleted and created again, which delivers the
-// ghosts' messages (still in the work-queue stream) afresh.
+// ghosts' messages (still in the work-queue stream) afresh. A task the
+// agent does hold but cannot finish (a result publish waiting for a lost
+// PubAck, say) is not a ghost: the check stays quiet while anything is in
+// flight, and report.go bounds each publish instead.
 type ghostCheck struct {
 	next  time.Time // no check before then
 	since time.Time // ghosts first seen (zero: none)
