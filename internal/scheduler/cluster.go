@@ -43,8 +43,17 @@ func (s *Scheduler) chooseCluster(st *jobstore.Step) (protocol.Presence, uint64,
 	// Presence loads lag a heartbeat behind, so equal scores are common:
 	// start at a rotating member so that ties are spread, not piled up.
 	start := int(s.clusterTurn.Add(1))
+	// A step moved off a member (failed, or sitting on a transferred task
+	// past task_transfer_timeout) goes to another one if any can take it.
+	avoid := ""
+	if st.TransferredFrom != "" && len(d.Members) > 1 {
+		avoid = st.Pool + "." + st.TransferredFrom
+	}
 	for k := range d.Members {
 		key := d.Members[(start+k)%len(d.Members)]
+		if key == avoid {
+			continue
+		}
 		p, err := s.selector.Peek(req(key))
 		if err != nil {
 			lastErr = err
@@ -56,6 +65,11 @@ func (s *Scheduler) chooseCluster(st *jobstore.Step) (protocol.Presence, uint64,
 		}
 		if sc := selection.Score(rate, p.InFlight, p.MaxConcurrent, 1); sc > bestScore {
 			best, bestScore = key, sc
+		}
+	}
+	if best == "" && avoid != "" {
+		if _, err := s.selector.Peek(req(avoid)); err == nil {
+			best = avoid
 		}
 	}
 	if best == "" {

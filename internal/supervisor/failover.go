@@ -53,6 +53,9 @@ type failover struct {
 	metrics *Metrics
 	shards  int
 	log     zerolog.Logger
+	// transfers bounds the moved steps of cluster members (nil: unbounded
+	// but for their leases).
+	transfers *transfers
 }
 
 // transfer fails over agent pool.agent now; trigger names what caused it
@@ -137,6 +140,9 @@ func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.Raw
 	case requeued:
 		moved[job] = append(moved[job], step)
 		rec.TasksMoved++
+		if c := raw.Header.Get(protocol.HeaderCluster); c != "" {
+			f.transfers.note(transferNote{job: job, step: step, cluster: c, from: q.pool + "." + q.agent, at: f.term.now()})
+		}
 	case cancelled, parked:
 		if _, ok := moved[job]; !ok {
 			moved[job] = nil

@@ -31,6 +31,7 @@ type leader struct {
 	dead     *deadLetters
 	healer   *healer
 	failover *failover
+	transfer *transfers
 	log      zerolog.Logger
 	departed chan presence.Change
 	beats    chan protocol.Presence
@@ -69,7 +70,9 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 		log: log.With().Str("duty", "release").Logger()}
 	fo := &failover{js: s.js, term: t, store: store, release: rel, adv: adv, metrics: s.metrics, shards: c.TaskShards,
 		log: log.With().Str("duty", "failover").Logger()}
-	l := &leader{term: t, view: view, sight: newSight(s.nc, view, st.TTL(), s.now), failover: fo, dead: dead, log: log,
+	fo.transfers = newTransfers(t, s.js, store, rel, dead, adv, s.metrics, c.TaskShards, c.RecoveryRetry.Std(),
+		log.With().Str("duty", "transfers").Logger())
+	l := &leader{term: t, view: view, sight: newSight(s.nc, view, st.TTL(), s.now), failover: fo, transfer: fo.transfers, dead: dead, log: log,
 		departed: make(chan presence.Change, 1024), beats: make(chan protocol.Presence, 4096), gone: make(chan string, 1024)}
 	l.recovery = &recovery{term: t, store: store, release: rel, adv: adv, grace: c.RecoveryGrace.Std(), retry: c.RecoveryRetry.Std(),
 		log: log.With().Str("duty", "recovery").Logger(), built: make(chan struct{})}
@@ -131,6 +134,7 @@ func (s *Supervisor) leadTerm(ctx context.Context, lease leaseHolder, epoch uint
 	g.run(ctx, "recovery", l.recovery.run)
 	g.run(ctx, "failover", func(ctx context.Context) error { return l.suspects.run(ctx, l.departed) })
 	g.run(ctx, "dead letters", l.dead.run)
+	g.run(ctx, "transfers", l.transfer.run)
 	g.run(ctx, "health", func(ctx context.Context) error { return l.healer.run(ctx, l.beats, l.gone) })
 	ctrl, err := s.nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) { l.manualFailover(ctx, m) })
 	if err != nil {

@@ -9,7 +9,10 @@ type Metrics struct {
 	failovers    *prometheus.CounterVec
 	transferred  prometheus.Counter
 	deadLettered *prometheus.CounterVec
-	healingCycle prometheus.Histogram
+	// transferRetries counts moved cluster steps moved again because no
+	// member took them up within task_transfer_timeout (transfer.go).
+	transferRetries *prometheus.CounterVec
+	healingCycle    prometheus.Histogram
 }
 
 // NewMetrics creates the collectors and registers them with r (nil: none).
@@ -20,10 +23,12 @@ func NewMetrics(r prometheus.Registerer) *Metrics {
 		failovers:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_failovers_total", Help: "Agent failovers, by outcome."}, []string{"outcome"}),
 		transferred:  prometheus.NewCounter(prometheus.CounterOpts{Name: "warden_tasks_transferred_total", Help: "Tasks moved off failed agents."}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_dead_letters_total", Help: "Tasks moved to the dead-letter stream, by reason."}, []string{"reason"}),
+		transferRetries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_cluster_transfer_retries_total",
+			Help: "Steps moved off a failed cluster member and moved again: not taken up within task_transfer_timeout."}, []string{"cluster"}),
 		healingCycle: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "warden_healing_cycle_duration_seconds", Help: "How long one self-healing cycle (assess every agent, act) took.", Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10)}),
 	}
 	if r != nil {
-		r.MustRegister(m.leader, m.recovered, m.failovers, m.transferred, m.deadLettered, m.healingCycle)
+		r.MustRegister(m.leader, m.recovered, m.failovers, m.transferred, m.deadLettered, m.transferRetries, m.healingCycle)
 	}
 	return m
 }

@@ -75,6 +75,10 @@ const (
 	EventClusterRecovered       EventKind = "cluster_recovered"
 	EventClusterRebalanced      EventKind = "cluster_rebalanced"
 	EventClusterRequest         EventKind = "cluster_request"
+	// EventClusterTransferRetry: a step moved off a failed member was not
+	// taken up within task_transfer_timeout and is moved again. Data:
+	// cluster, member (who did not take it up), retry, max_retries, timeout.
+	EventClusterTransferRetry EventKind = "cluster_transfer_retry"
 )
 
 // ClusterDefinition is what an operator defines (YAML or JSON, optionally

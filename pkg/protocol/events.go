@@ -48,6 +48,10 @@ const (
 	DLQUndecodable DLQReason = "undecodable"
 	// DLQExpired: the task's deadline passed before it ran or reported.
 	DLQExpired DLQReason = "expired"
+	// DLQTransferTimeout: a step moved off a failed cluster member was not
+	// taken up by another member within the cluster's
+	// task_transfer_timeout, max_transfer_retries times over.
+	DLQTransferTimeout DLQReason = "transfer_timeout"
 )
 
 // RejectReason says why a result was dropped (event result_rejected,
