@@ -12,6 +12,11 @@ type job struct {
 	shape  string
 	spec   []byte
 	poison string // the poison step's id, if any
+	// want is the terminal state the job must reach; "" means succeeded.
+	want string
+	// undo, for a saga, lists the compensation steps in the order they
+	// must start (reverse dependency order).
+	undo []string
 }
 
 type stepSpec struct {
@@ -21,6 +26,10 @@ type stepSpec struct {
 	DependsOn  []string       `json:"depends_on,omitempty"`
 	MaxRetries *int           `json:"max_retries,omitempty"`
 	Cluster    string         `json:"cluster,omitempty"`
+	// Issue 13's features (features_test.go).
+	Priority    string         `json:"priority,omitempty"`
+	Concurrency map[string]any `json:"concurrency,omitempty"`
+	Compensate  map[string]any `json:"compensate,omitempty"`
 }
 
 // chaosCluster is the active-passive agent cluster every chaos agent joins
@@ -47,6 +56,11 @@ func generate(r *rand.Rand, n, poison int) []job {
 		case poisonAt[i]:
 			j.shape, j.poison = "poison", "bad"
 			steps = []stepSpec{ledgerStep(r, "before"), {ID: "bad", Action: "crash", DependsOn: []string{"before"}}, ledgerStep(r, "after", "bad")}
+		case r.IntN(6) == 0:
+			// Priorities, concurrency keys, delays, compensation.
+			j = featureJob(r, j)
+			jobs = append(jobs, j)
+			continue
 		default:
 			switch r.IntN(5) {
 			case 0:

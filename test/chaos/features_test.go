@@ -1,0 +1,114 @@
+package chaos
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// featureKey is the concurrency key keyed chaos jobs share.
+const featureKey = "chaos-key"
+
+// featureJob makes a job that uses issue 13's workflow features, so that
+// chaos checks its invariants (every accepted job terminal, no step
+// succeeding twice, every success executed, only poison dead-lettered)
+// with them in use:
+//   - prioritised: a chain at low, high or critical priority, one step
+//     overriding it;
+//   - keyed: a chain holding concurrency key chaos-key (limit 2) with
+//     every other keyed job;
+//   - delayed: a chain that starts 1–3 s after submission (a message
+//     schedule on warden.delay.<job>, which must survive the NATS restart);
+//   - saga: two steps that declare compensations, then a step that fails
+//     for good: the job must end compensated, its compensations run in
+//     reverse order.
+func featureJob(r *rand.Rand, j job) job {
+	chain := func(n int, prefix string) []stepSpec {
+		var steps []stepSpec
+		for s := range n {
+			var deps []string
+			if s > 0 {
+				deps = []string{fmt.Sprintf("%s%d", prefix, s-1)}
+			}
+			steps = append(steps, ledgerStep(r, fmt.Sprintf("%s%d", prefix, s), deps...))
+		}
+		return steps
+	}
+	body := map[string]any{}
+	switch r.IntN(4) {
+	case 0:
+		j.shape = "prioritised"
+		steps := chain(3, "p")
+		steps[1].Priority = []string{"low", "normal", "high", "critical"}[r.IntN(4)]
+		body["priority"] = []string{"low", "high", "critical"}[r.IntN(3)]
+		body["steps"] = steps
+	case 1:
+		j.shape = "keyed"
+		body["concurrency"] = map[string]any{"key": featureKey, "limit": 2}
+		body["steps"] = chain(2, "k")
+	case 2:
+		j.shape = "delayed"
+		body["delay"] = fmt.Sprintf("%dms", 1000+r.IntN(2000))
+		body["steps"] = chain(2, "d")
+	default:
+		j.shape, j.want = "saga", "compensated"
+		never := 0
+		a, b := ledgerStep(r, "reserve"), ledgerStep(r, "hold", "reserve")
+		a.Compensate = map[string]any{"action": "ledger", "params": map[string]any{"duration": "20ms"}}
+		b.Compensate = map[string]any{"action": "ledger", "params": map[string]any{"duration": "20ms"}}
+		charge := stepSpec{ID: "charge", Action: "flaky", Params: map[string]any{"fail_attempts": 1000},
+			DependsOn: []string{"hold"}, MaxRetries: &never}
+		body["steps"] = []stepSpec{a, b, charge}
+		j.undo = []string{spec.CompensationID("hold"), spec.CompensationID("reserve")}
+	}
+	body["name"] = j.shape
+	j.spec, _ = json.Marshal(body)
+	return j
+}
+
+// checkUndoOrder reports sagas whose compensations did not start in
+// reverse dependency order, from the ledger's order of first executions
+// (the agents append to it with O_APPEND and sync every line).
+func checkUndoOrder(t *testing.T, path string, jobs map[string]job) (sagas int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	first := map[string]int{}
+	sc := bufio.NewScanner(f)
+	for line := 0; sc.Scan(); line++ {
+		if fields := strings.Fields(sc.Text()); len(fields) == 4 {
+			key := fields[0] + "." + fields[1]
+			if _, ok := first[key]; !ok {
+				first[key] = line
+			}
+		}
+	}
+	for id, j := range jobs {
+		if len(j.undo) == 0 {
+			continue
+		}
+		sagas++
+		prev := -1
+		for _, step := range j.undo {
+			at, ok := first[id+"."+step]
+			if !ok {
+				t.Errorf("saga %s: compensation %s never ran", id, step)
+				break
+			}
+			if at < prev {
+				t.Errorf("saga %s: compensations started out of order (%v)", id, j.undo)
+			}
+			prev = at
+		}
+	}
+	return sagas
+}
