@@ -14,4 +14,12 @@
 // asked. A refusal says when the next grant is possible, so callers wait
 // without polling. Idle records expire with the bucket's TTL (an idle
 // limit is full again, which is what its expiry means anyway).
+//
+// A grant whose call never happens (the scheduler's dispatch did not land)
+// is given back with Return, so it is offered again rather than lost.
+// What is not caught up is time nobody asked: like any token bucket, a
+// limit whose callers are all late by more than the burst's worth of
+// emission intervals (a process stalled for half a second, starved of
+// CPU) loses those grants, so under such stalls the measured rate falls
+// below the limit; it never rises above it.
 package ratelimit

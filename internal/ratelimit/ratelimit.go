@@ -88,6 +88,20 @@ type Limiter struct {
 
 	mu    sync.Mutex
 	cache map[string]cached // last known record per KV key
+	// keys serialises this process's grants of each record: callers
+	// woken at the same retry time would otherwise all try the same
+	// compare-and-set, all but one lose and read again, a dozen round
+	// trips per grant; serialised, the rest are refused from the cache.
+	// Races with other processes are still settled by the CAS.
+	keys sync.Map // KV key → *sync.Mutex
+}
+
+// lock takes k's mutex; the caller unlocks it.
+func (l *Limiter) lock(k string) *sync.Mutex {
+	mu, _ := l.keys.LoadOrStore(k, new(sync.Mutex))
+	m := mu.(*sync.Mutex)
+	m.Lock()
+	return m
 }
 
 type cached struct {
@@ -145,6 +159,7 @@ func (l *Limiter) Allow(ctx context.Context, name, key string) (granted bool, re
 	k := kvKey(name, key)
 	t := lim.emission()
 	tau := time.Duration(lim.Burst-1) * t
+	defer l.lock(k).Unlock()
 	l.mu.Lock()
 	c, have := l.cache[k]
 	l.mu.Unlock()
@@ -192,6 +207,63 @@ func (l *Limiter) Allow(ctx context.Context, name, key string) (granted bool, re
 	}
 	l.forget(k)
 	return false, time.Time{}, ErrConflict
+}
+
+// Return gives back one grant of limit name for key that was never used:
+// the call it admitted did not happen (a scheduler's dispatch that did not
+// land). The limit's timestamp moves back one emission interval, so the
+// grant is offered again instead of lost; a limit that is idle by now is
+// left alone (it is full, and giving back never lifts it past its burst).
+// Returning a grant that was used would break the limit: callers return
+// each grant at most once, and only when its call is known not to run.
+func (l *Limiter) Return(ctx context.Context, name, key string) error {
+	lim, ok := l.limits[name]
+	if !ok {
+		return fmt.Errorf("%w %q", ErrUnknownLimit, name)
+	}
+	k := kvKey(name, key)
+	t := lim.emission()
+	defer l.lock(k).Unlock()
+	l.mu.Lock()
+	c, have := l.cache[k]
+	l.mu.Unlock()
+	for attempt := range 16 {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
+			}
+		}
+		if !have {
+			var err error
+			if c, err = l.read(ctx, k); err != nil {
+				return err
+			}
+		}
+		now := l.now()
+		if c.rev == 0 || !c.tat.After(now) {
+			return nil // idle: nothing to give back
+		}
+		prev := c.tat.Add(-t)
+		if prev.Before(now) {
+			prev = now
+		}
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(prev.UnixNano()))
+		rev, err := l.kv.Update(ctx, k, b[:], c.rev)
+		if err == nil {
+			l.remember(k, cached{rev: rev, tat: prev})
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+			l.forget(k)
+			return fmt.Errorf("return grant of rate limit %s: %w", k, err)
+		}
+		have = false // granted or returned meanwhile: re-read
+	}
+	l.forget(k)
+	return ErrConflict
 }
 
 func (l *Limiter) read(ctx context.Context, k string) (cached, error) {

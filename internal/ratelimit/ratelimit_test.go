@@ -80,6 +80,56 @@ func TestBurstAndSpacing(t *testing.T) {
 	}
 }
 
+// TestReturnedGrantIsOfferedAgain: a grant given back (its call never ran)
+// is available at once to the other scheduler; giving back on a limit that
+// has gone idle never lifts it past its burst.
+func TestReturnedGrantIsOfferedAgain(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	cfg := ratelimit.Config{"api": {Limit: 10, Interval: protocol.Duration(time.Second), Burst: 2}}
+	ls := setup(t, 2, cfg, ratelimit.WithClock(clock))
+	ctx := context.Background()
+	allow := func(i int) bool {
+		ok, _, err := ls[i].Allow(ctx, "api", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !allow(0) || !allow(0) {
+		t.Fatal("the burst of 2 refused")
+	}
+	if allow(1) {
+		t.Fatal("a third grant at once with burst 2")
+	}
+	if err := ls[0].Return(ctx, "api", ""); err != nil {
+		t.Fatal(err)
+	}
+	if !allow(1) {
+		t.Fatal("the returned grant was not offered again")
+	}
+	if allow(0) {
+		t.Fatal("a grant beyond the one returned")
+	}
+	// Idle for a while: full again (burst 2); a return must not make it 3.
+	advance(time.Second)
+	if err := ls[1].Return(ctx, "api", ""); err != nil {
+		t.Fatal(err)
+	}
+	if !allow(0) || !allow(1) {
+		t.Fatal("the burst of 2 refused after an idle spell")
+	}
+	if allow(0) {
+		t.Fatal("a return on an idle limit lifted it past its burst")
+	}
+	if err := ls[0].Return(ctx, "nope", ""); !errors.Is(err, ratelimit.ErrUnknownLimit) {
+		t.Fatalf("unknown limit: %v", err)
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {

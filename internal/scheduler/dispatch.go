@@ -126,7 +126,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			agent, err = w.s.choose(st)
 		}
 		if err != nil {
-			w.releaseGates(jt, i)
+			w.unadmit(jt, i)
 		}
 		if errors.Is(err, selection.ErrUnknownAction) || errors.Is(err, cluster.ErrTargetRequired) {
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Err(err).Msg("step failed: unknown action")
@@ -153,6 +153,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		}
 		token := protocol.NewLeaseToken()
 		if err := st.Dispatch(agent.ID, token, now, w.s.cfg.DispatchGrace.Std()); err != nil {
+			w.unadmit(jt, i)
 			continue // not pending: nothing to do
 		}
 		js.markStep(i)

@@ -8,6 +8,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,8 +138,9 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 	}
 	holder := holderID(st.JobID, st.ID)
 	if until, ok := w.gated[holder]; ok && now.Before(until) {
-		// Queued behind others: a Release wakes it (gateFreed) or its
-		// place is renewed then.
+		// Queued behind others (a concurrency key's queue, or its place
+		// in a rate limit's line): a Release wakes it (gateFreed), or its
+		// wake comes then.
 		return false, until, st.Waiting
 	}
 	if w.gateSpent >= gateBudget {
@@ -182,23 +184,66 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		}
 		if !granted {
 			undo()
-			return false, w.s.rateRetry(ss.RateLimit, at), "waiting for rate limit " + ss.RateLimit
+			// Its place in line holds until then: a turn before it (the
+			// message's redelivery beside the wake) does not ask again.
+			// Asking twice put the step in line twice, which stretched
+			// the line and thinned the retries near its end, so grants
+			// went unused while steps still waited.
+			at = w.s.rateRetry(ss.RateLimit, at)
+			w.gated[holder] = at
+			return false, at, "waiting for rate limit " + ss.RateLimit
 		}
 	}
 	jt.admitted = append(jt.admitted, i)
 	return true, time.Time{}, ""
 }
 
-// releaseAdmitted gives back the slots a turn took for dispatches whose
-// writes did not land (a lost compare-and-set): the retry admits again.
+// releaseAdmitted gives back what a turn took for dispatches whose writes
+// did not land (a lost compare-and-set): the retry admits again. A step
+// whose own record landed keeps its gates: its task was published
+// (worker.publish), it runs, and its slot is released by its result.
 func (w *worker) releaseAdmitted(jt *jobTurn) {
 	if jt.js == nil {
 		return
 	}
 	for _, i := range jt.admitted {
-		w.releaseGates(jt, i)
+		if jt.landed[i] || (jt.js.job.Inline && jt.landed[-1]) {
+			continue
+		}
+		w.giveBack(jt, i)
 	}
 	jt.admitted = nil
+}
+
+// unadmit gives back what step i was admitted with in this turn when it is
+// not dispatched after all (no agent took it).
+func (w *worker) unadmit(jt *jobTurn, i int) {
+	k := slices.Index(jt.admitted, i)
+	if k < 0 {
+		return
+	}
+	jt.admitted = slices.Delete(jt.admitted, k, k+1)
+	w.giveBack(jt, i)
+}
+
+// giveBack releases step i's concurrency slots and returns its rate-limit
+// grant, for a step admitted but never dispatched: a grant kept then was
+// lost, and under a steady backlog the limit ran below its rate (in
+// TestRateLimitAcrossSchedulers 50–90 of ~650 grants were lost so, mostly
+// to dispatches of a scheduler whose cached job was stale).
+func (w *worker) giveBack(jt *jobTurn, i int) {
+	w.releaseGates(jt, i)
+	name := jt.js.job.Spec.Steps[i].RateLimit
+	if name == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	if err := w.s.gates.rate.Return(ctx, name, ""); err != nil {
+		st := jt.js.steps[i]
+		w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("rate_limit", name).
+			Msg("unused rate-limit grant not returned")
+	}
 }
 
 // releaseGates gives back step i's concurrency slots once it no longer
