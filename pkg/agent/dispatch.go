@@ -25,9 +25,17 @@ const (
 // within the limit, and each task starts as it arrives. The next pull is
 // made when that request is fulfilled or expires. It returns when fetchCtx
 // ends; the tasks it started run on under workCtx and are tracked by tasks.
+//
+// While the consumer has unacked deliveries the agent does not hold (those
+// of a run that crashed, awaiting redelivery), it pulls one task at a time:
+// they come back as suspects, and fetched together they would all be in
+// hand when the first of them, if poison, kills the process again. Each
+// crash counts a delivery of every task in hand, so bystanders fetched with
+// a poison task would reach max_deliver with it and be dead-lettered.
 func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGroup) {
 	slots := make(chan struct{}, a.cfg.MaxConcurrent)
 	backoff := minFetchBackoff
+	alone := true // until the consumer shows no delivery this run lacks
 	for {
 		// Drained by an operator, or over a limit the supervisor lowered.
 		for a.held.Load() || a.stats.inFlight.Load() >= int64(a.limit.Load()) && len(slots) > 0 {
@@ -40,9 +48,12 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 		case <-fetchCtx.Done():
 			return
 		}
+		if alone {
+			alone = a.unackedElsewhere(fetchCtx, len(slots)-1)
+		}
 		n := 1
 	more:
-		for len(slots) < int(a.limit.Load()) {
+		for !alone && len(slots) < int(a.limit.Load()) {
 			select {
 			case slots <- struct{}{}:
 				n++
@@ -51,6 +62,9 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 			}
 		}
 		got, suspects, err := a.pull(fetchCtx, workCtx, n, slots, tasks)
+		if len(suspects) > 0 {
+			alone = true // more may be waiting for redelivery
+		}
 		for range n - got {
 			<-slots
 		}
@@ -140,6 +154,21 @@ func (a *Agent) stopPull() {
 	if c := a.pullCancel.Load(); c != nil {
 		(*c)()
 	}
+}
+
+// unackedElsewhere reports whether the task consumer counts more unacked
+// deliveries than the held tasks this run has in hand: deliveries awaiting
+// redelivery (a crashed run's), or lost in transit (see ghosts.go). If the
+// consumer cannot be read it reports false: pulls go on as usual.
+func (a *Agent) unackedElsewhere(ctx context.Context, held int) bool {
+	ictx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	info, err := a.cons.Info(ictx)
+	if err != nil {
+		a.log.Debug().Err(err).Msg("consumer info: pulling as usual")
+		return false
+	}
+	return info.NumAckPending > held
 }
 
 // deliveryOf is the message's delivery count, 1 if unknown.
