@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -273,10 +274,32 @@ func TestCheckExhaustedConfirmsOnlyWhatTheConsumerShows(t *testing.T) {
 			t.Errorf("%s: %v, want a rejection", name, err)
 		}
 	}
+	// Deliveries in flight: the message may be one of them (awaiting its
+	// redelivery) unless the ack floor has passed it.
 	inFlight := genuine()
 	inFlight.NumAckPending = 2
+	inFlight.AckFloor.Stream = 9
 	if err := checkExhausted(inFlight, q, adv, 10); !errors.Is(err, errUnconfirmed) {
-		t.Errorf("deliveries in flight: %v, want errUnconfirmed", err)
+		t.Errorf("deliveries in flight above the message: %v, want errUnconfirmed", err)
+	}
+	passed := genuine()
+	passed.NumAckPending = 2
+	passed.AckFloor.Stream = 10
+	if err := checkExhausted(passed, q, adv, 10); err != nil {
+		t.Errorf("ack floor at the message, deliveries in flight above it: %v, want confirmed", err)
+	}
+}
+
+func TestConfirmRetryBacksOffToItsBound(t *testing.T) {
+	t.Parallel()
+	var got []time.Duration
+	for n := uint64(1); n <= 8; n++ {
+		got = append(got, confirmRetry(time.Second, n))
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+		maxConfirmRetry, maxConfirmRetry, maxConfirmRetry}
+	if !slices.Equal(got, want) {
+		t.Fatalf("confirmRetry: %v, want %v", got, want)
 	}
 }
 
@@ -313,5 +336,95 @@ func TestSightIsBlindForOneTTLAfterAGap(t *testing.T) {
 	v.settled.Store(false) // the view is re-syncing
 	if ok, at := s.clear(now.Add(time.Minute)); ok || !at.After(now.Add(time.Minute)) {
 		t.Fatalf("clear while the view is not settled (%v, %v)", ok, at)
+	}
+}
+
+// The MAX_DELIVERIES advisory of a task is confirmed from the consumer's
+// ack floor, not from its deliveries in flight as a whole: once nothing
+// was pending after the server gave up on the task, the floor has passed
+// it for good, and the advisory is confirmed even while the agent works
+// on later tasks. Before, any delivery in flight refused it (five checks,
+// then the step waited for its lease, minutes). While a delivery below it
+// may still be pending it is unconfirmed, and after the task's deadline
+// it is rejected (the lease recovery owns the step then).
+func TestExhaustedTaskConfirmedByTheAckFloorWhileOthersRun(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	ctx := context.Background()
+	dead := p.rel.dead
+	q, _ := agentQueue("default", "a3", streams.DefaultTaskShards)
+	cc, err := streams.TaskConsumer(q.shard, q.pool, q.agent, time.Minute, 2, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := p.js.CreateOrUpdateConsumer(ctx, q.stream, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := func(job string) uint64 {
+		m := nats.NewMsg(q.subject)
+		m.Data = []byte(`{}`)
+		m.Header.Set(protocol.HeaderJob, job)
+		m.Header.Set(protocol.HeaderStep, "s")
+		m.Header.Set(protocol.HeaderEpoch, "1")
+		m.Header.Set(protocol.HeaderDeadline, time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano))
+		ack, err := p.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	next := func(want string) jetstream.Msg {
+		t.Helper()
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("fetch %s: %v", want, err)
+		}
+		if got := m.Headers().Get(protocol.HeaderJob); got != want {
+			t.Fatalf("fetched %s, want %s", got, want)
+		}
+		return m
+	}
+	poison := task("job-poison")
+	for range 2 { // its two deliveries, each handed back
+		if err := next("job-poison").Nak(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	task("job-long")
+	long := next("job-long") // the server gives up on the poison task here
+	adv := advisory{Type: advisoryMaxDeliver, Stream: q.stream, Consumer: q.consumer, StreamSeq: poison, Deliveries: 2}
+
+	if _, err := dead.confirm(ctx, adv); !errors.Is(err, errUnconfirmed) {
+		t.Fatalf("with a delivery in flight and the floor below the task: %v, want errUnconfirmed", err)
+	}
+	if err := long.DoubleAck(ctx); err != nil { // nothing pending: the floor jumps past the task
+		t.Fatal(err)
+	}
+	task("job-later")
+	later := next("job-later") // in flight again
+	defer func() { _ = later.Ack() }()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 1 || info.AckFloor.Stream < poison {
+		t.Fatalf("consumer: %d in flight, ack floor %d; want 1 and at least %d", info.NumAckPending, info.AckFloor.Stream, poison)
+	}
+	raw, err := dead.confirm(ctx, adv)
+	if err != nil || raw == nil || raw.Sequence != poison {
+		t.Fatalf("confirm with the floor past the task: %v %v, want the task", raw, err)
+	}
+
+	// Still unconfirmed (handed back, awaiting redelivery) when the task's
+	// deadline has passed: rejected.
+	p2 := task("job-poison-2")
+	for range 2 {
+		_ = next("job-poison-2").Nak()
+	}
+	p.term.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+	var rej *rejection
+	if _, err := dead.confirm(ctx, advisory{Type: advisoryMaxDeliver, Stream: q.stream, Consumer: q.consumer, StreamSeq: p2, Deliveries: 2}); !errors.As(err, &rej) {
+		t.Fatalf("unconfirmed past the deadline: %v, want a rejection", err)
 	}
 }

@@ -87,6 +87,15 @@ func (d *deadLetters) batch(ctx context.Context, cons jetstream.Consumer) bool {
 		case errors.Is(err, errNotLeader):
 			_ = msg.Nak()
 			return true
+		case errors.Is(err, errUnconfirmed):
+			// Checked again later: a delivery below it is in flight.
+			n := uint64(1)
+			if md, merr := msg.Metadata(); merr == nil {
+				n = md.NumDelivered
+			}
+			wait := confirmRetry(d.retry, n)
+			d.log.Info().Err(err).Dur("check_again_in", wait).Msg("max deliveries not confirmed yet")
+			_ = msg.NakWithDelay(wait)
 		case err != nil:
 			d.log.Warn().Err(err).Msg("advisory handling failed; will retry")
 			_ = msg.NakWithDelay(d.retry)
@@ -113,7 +122,7 @@ func (d *deadLetters) handle(ctx context.Context, msg jetstream.Msg) error {
 	default:
 		return nil
 	}
-	raw, err := d.confirm(ctx, adv, msg)
+	raw, err := d.confirm(ctx, adv)
 	var rej *rejection
 	switch {
 	case errors.As(err, &rej):

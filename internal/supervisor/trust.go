@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -58,22 +59,25 @@ func (r *rejection) Error() string { return "rejected: " + r.why }
 func reject(format string, args ...any) error { return &rejection{why: fmt.Sprintf(format, args...)} }
 
 // errUnconfirmed: the advisory may be true but the consumer cannot show it
-// yet (it has deliveries in flight); try again later.
+// yet (a delivery below the message is still in flight, so the ack floor
+// has not passed it); check again later.
 var errUnconfirmed = errors.New("max deliveries not confirmed yet")
 
-// maxConfirmAttempts bounds how often an advisory is re-checked before it
-// is rejected. A true advisory that is rejected loses nothing: the step's
-// lease still expires and the lease recovery counts it towards poison.
-const maxConfirmAttempts = 5
+// Re-checks of an unconfirmed advisory: after confirmRetry, doubling up to
+// maxConfirmRetry, until the task's deadline (its step's lease end) has
+// passed; then it is rejected, since the lease recovery takes the step back
+// anyway (and counts it towards poison). A true advisory that is rejected
+// loses nothing; one confirmed within the lease saves the step the wait.
+const maxConfirmRetry = 30 * time.Second
 
 // confirm checks a max-deliveries advisory against the server before
 // anything is dead-lettered, and returns the task message (nil: already
 // gone, nothing to do). The message must be on the named consumer's own
 // task subject in its own stream, and the consumer must show that it gave
-// up on it: a max_deliver the advisory reaches, the message delivered,
-// redelivery state kept, and nothing of its in flight (a message still in
-// a work-queue stream, delivered, with no ack pending, was given up on).
-func (d *deadLetters) confirm(ctx context.Context, adv advisory, msg jetstream.Msg) (*jetstream.RawStreamMsg, error) {
+// up on it (see checkExhausted). The message is read again after the
+// consumer's state: still there then, it was not acked (acking removes a
+// work-queue message).
+func (d *deadLetters) confirm(ctx context.Context, adv advisory) (*jetstream.RawStreamMsg, error) {
 	if !strings.HasPrefix(adv.Stream, protocol.StreamTasksPrefix) {
 		return nil, reject("stream %q is not a task stream", adv.Stream)
 	}
@@ -107,17 +111,44 @@ func (d *deadLetters) confirm(ctx context.Context, adv advisory, msg jetstream.M
 		return nil, err
 	}
 	if err := checkExhausted(info, q, adv, raw.Sequence); err != nil {
-		if errors.Is(err, errUnconfirmed) {
-			if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= maxConfirmAttempts {
-				return nil, reject("%v after %d checks", err, md.NumDelivered)
-			}
+		if errors.Is(err, errUnconfirmed) && deadlinePassed(raw, d.term.now()) {
+			return nil, reject("%v before the task's deadline %s: the step's lease recovery takes it back", err, raw.Header.Get(protocol.HeaderDeadline))
 		}
+		return nil, err
+	}
+	if _, err := stream.GetMsg(ctx, raw.Sequence); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil // acked as we looked
+	} else if err != nil {
 		return nil, err
 	}
 	return raw, nil
 }
 
-// checkExhausted compares the consumer's state with the advisory.
+// deadlinePassed reports whether the task's deadline (its step's lease
+// end) is before now; a task without a readable one counts as passed.
+func deadlinePassed(raw *jetstream.RawStreamMsg, now time.Time) bool {
+	t, err := time.Parse(time.RFC3339Nano, raw.Header.Get(protocol.HeaderDeadline))
+	return err != nil || now.After(t)
+}
+
+// confirmRetry is the delay before the n+1st check of an unconfirmed
+// advisory: the recovery retry, doubling, at most maxConfirmRetry.
+func confirmRetry(base time.Duration, n uint64) time.Duration {
+	d := base
+	for i := uint64(1); i < n && d < maxConfirmRetry; i++ {
+		d *= 2
+	}
+	return min(d, maxConfirmRetry)
+}
+
+// checkExhausted compares the consumer's state with the advisory for the
+// task message at stream sequence seq, which is still in its work-queue
+// stream (so nobody acked it). The consumer gave up on it (max deliveries)
+// if it was delivered and is no longer pending: below the consumer's ack
+// floor nothing is pending (the server keeps that so), and with nothing
+// pending at all nothing is. A message above the floor while deliveries
+// are in flight may still be pending (awaiting redelivery): unconfirmed.
+// NumAckPending as a whole says nothing about this message; the floor does.
 func checkExhausted(info *jetstream.ConsumerInfo, q queue, adv advisory, seq uint64) error {
 	c := info.Config
 	if c.FilterSubject != q.subject && !slices.Equal(c.FilterSubjects, []string{q.subject}) {
@@ -132,8 +163,9 @@ func checkExhausted(info *jetstream.ConsumerInfo, q queue, adv advisory, seq uin
 	if info.NumRedelivered == 0 {
 		return reject("the consumer has redelivered nothing")
 	}
-	if info.NumAckPending > 0 {
-		return fmt.Errorf("%w: %d deliveries of consumer %q in flight", errUnconfirmed, info.NumAckPending, q.consumer)
+	if seq <= info.AckFloor.Stream || info.NumAckPending == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: message %d is above consumer %q's ack floor %d with %d deliveries in flight",
+		errUnconfirmed, seq, q.consumer, info.AckFloor.Stream, info.NumAckPending)
 }
