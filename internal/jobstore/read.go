@@ -58,6 +58,10 @@ func toEntry(m *nats.Msg) (entry, bool, error) {
 	return entry{key: strings.TrimPrefix(subj, kvPrefix), rev: seq, data: m.Data}, true, nil
 }
 
+// maxBatchRecords is the most records one batched direct get returns
+// (nats-server's maxAllowedResponses).
+const maxBatchRecords = 1024
+
 // multiLast reads the latest record of every key matching the filters
 // (wildcards allowed; at most 1,024 keys) in one request: the server's
 // batched direct get (multi_last, nats-server ≥ 2.11).
@@ -70,7 +74,12 @@ func (s *Store) multiLast(ctx context.Context, keys []string) (map[string]entry,
 		MultiLast []string `json:"multi_last"`
 	}{filters})
 	inbox := s.nc.NewRespInbox()
-	sub, err := s.nc.SubscribeSync(inbox)
+	// A channel sized for the largest batch (a message per record and the
+	// end-of-batch marker): SubscribeSync would allocate its default
+	// 65,536-slot channel (512 KiB) on every read, which made each cache
+	// miss cost more garbage than the rest of a job's handling.
+	replies := make(chan *nats.Msg, maxBatchRecords+2)
+	sub, err := s.nc.ChanSubscribe(inbox, replies)
 	if err != nil {
 		return nil, fmt.Errorf("read %v: %w", keys, err)
 	}
@@ -80,9 +89,11 @@ func (s *Store) multiLast(ctx context.Context, keys []string) (map[string]entry,
 	}
 	out := make(map[string]entry)
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("read %v: %w", keys, err)
+		var m *nats.Msg
+		select {
+		case m = <-replies:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read %v: %w", keys, ctx.Err())
 		}
 		switch st := m.Header.Get("Status"); st {
 		case "":
@@ -115,13 +126,25 @@ type Snapshot struct {
 	Revs map[string]uint64
 }
 
-// Load reads a job and all its steps: one direct get for the job record,
-// and for a job whose steps live in their own records one batched get.
+// Load reads a job and all its steps in one batched get (the job record
+// and every step record, as of one point of the stream: a consistent
+// snapshot). A job whose steps live inline has no step records.
 func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
-	j, rev, err := s.Job(ctx, jobID)
+	jobKey := protocol.JobKey(jobID)
+	got, err := s.multiLast(ctx, []string{jobKey, protocol.StepKeysFilter(jobID)})
 	if err != nil {
 		return nil, err
 	}
+	je, ok := got[jobKey]
+	if !ok {
+		return nil, fmt.Errorf("get %s: %w", jobKey, ErrNotFound)
+	}
+	delete(got, jobKey)
+	j, err := decodeJob(je.data)
+	if err != nil {
+		return nil, fmt.Errorf("decode %s: %w", jobKey, err)
+	}
+	rev := je.rev
 	snap := &Snapshot{Job: j, JobRev: rev, Revs: make(map[string]uint64, len(j.Spec.Steps))}
 	if j.Inline {
 		snap.Steps = j.Steps
@@ -129,10 +152,6 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 			snap.Revs[st.ID] = rev
 		}
 		return snap, nil
-	}
-	got, err := s.multiLast(ctx, []string{protocol.StepKeysFilter(jobID)})
-	if err != nil {
-		return nil, err
 	}
 	order := make(map[string]int, len(j.Spec.Steps))
 	for i, sp := range j.Spec.Steps {
