@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -217,82 +218,68 @@ func (s *Server) auditFeed(ctx context.Context, ch chan<- sseEvent, after uint64
 }
 
 // agentFeed reports agents joining, leaving and changing drain state (not
-// every heartbeat).
+// every heartbeat). It follows the presence bucket with internal/watch:
+// after a gap the bucket is read again and only the differences are
+// reported, an agent that left meanwhile included.
 func (s *Server) agentFeed(ctx context.Context, ch chan<- sseEvent) (func() error, error) {
 	js, err := jetstream.New(s.nc)
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.KeyValue(ctx, protocol.BucketPresence)
+	w, err := watch.New(ctx, js, protocol.BucketPresence, watch.Config{Logger: s.log})
 	if err != nil {
 		return nil, err
 	}
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// The agents present now, up to the end of the initial values.
+	// The agents present now (the first read) are the baseline; changes
+	// after it are sent.
 	draining := map[string]bool{}
-	for initial := true; initial; {
-		select {
-		case <-ctx.Done():
-			_ = w.Stop()
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("presence watch closed")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx, func(e watch.Event) {
+			if e.Initial {
+				var p protocol.Presence
+				if json.Unmarshal(e.Entry.Value(), &p) == nil {
+					draining[e.Key] = p.Draining
+				}
+				return
 			}
-			if e == nil {
-				initial = false
-				continue
+			if ev, ok := agentChange(draining, e); ok {
+				send(ctx, ch, sseEvent{Type: "agent", Data: ev})
 			}
-			var p protocol.Presence
-			if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &p) == nil {
-				draining[e.Key()] = p.Draining
-			}
-		}
+		})
+	}()
+	select {
+	case <-w.Ready():
+	case <-ctx.Done():
+		<-done
+		return nil, ctx.Err()
 	}
 	return func() error {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case e, ok := <-w.Updates():
-				if !ok {
-					return fmt.Errorf("presence watch closed")
-				}
-				if e == nil {
-					continue
-				}
-				ev, ok := agentChange(draining, e)
-				if ok && !send(ctx, ch, sseEvent{Type: "agent", Data: ev}) {
-					return nil
-				}
-			}
-		}
+		<-done // Run returns only when the request ends
+		return nil
 	}, nil
 }
 
-// agentChange updates draining from a presence entry and says what changed
-// for the stream, if anything.
-func agentChange(draining map[string]bool, e jetstream.KeyValueEntry) (map[string]any, bool) {
-	pool, id, _ := strings.Cut(e.Key(), ".")
+// agentChange updates draining from a presence change and says what
+// changed for the stream, if anything.
+func agentChange(draining map[string]bool, e watch.Event) (map[string]any, bool) {
+	pool, id, _ := strings.Cut(e.Key, ".")
 	ev := map[string]any{"pool": pool, "id": id, "draining": false}
-	if e.Operation() != jetstream.KeyValuePut {
-		if _, ok := draining[e.Key()]; !ok {
+	if e.Gone() {
+		if _, ok := draining[e.Key]; !ok {
 			return nil, false
 		}
-		delete(draining, e.Key())
+		delete(draining, e.Key)
 		ev["change"] = "left"
 		return ev, true
 	}
 	var p protocol.Presence
-	if json.Unmarshal(e.Value(), &p) != nil {
+	if json.Unmarshal(e.Entry.Value(), &p) != nil {
 		return nil, false
 	}
-	was, known := draining[e.Key()]
-	draining[e.Key()] = p.Draining
+	was, known := draining[e.Key]
+	draining[e.Key] = p.Draining
 	ev["draining"] = p.Draining
 	switch {
 	case !known:

@@ -3,62 +3,44 @@ package cluster
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // The member's watches: its cluster's keys, its lease, its health.
 
-// watchCluster follows every key of the cluster.
+// watchCluster follows every key of the cluster (internal/watch: after a
+// gap the keys are read again and only the differences reported).
 func (m *Member) watchCluster(ctx context.Context) error {
 	name := m.cfg.Cluster
-	w, err := m.store.kv.WatchFiltered(ctx, []string{name, name + ".>"})
-	if err != nil {
-		return fmt.Errorf("watch cluster %s: %w", name, err)
-	}
-	defer func() { _ = w.Stop() }()
-	initial := true
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch closed")
+	w := watch.ForKV(m.js, m.store.kv, watch.Config{Keys: []string{name, name + ".>"}, Logger: m.log,
+		Synced: func(bool) {
+			select {
+			case <-m.ready:
+			default:
+				close(m.ready)
 			}
-			if e == nil {
-				if initial {
-					initial = false
-					select {
-					case <-m.ready:
-					default:
-						close(m.ready)
-					}
-				}
-				m.notify()
-				continue
-			}
-			m.apply(e, initial)
-			if !initial {
-				m.notify()
-				m.poke()
-			}
+			m.notify()
+		}})
+	return w.Run(ctx, func(e watch.Event) {
+		m.apply(e)
+		if !e.Initial {
+			m.notify()
+			m.poke()
 		}
-	}
+	})
 }
 
-// apply records one entry of the cluster's keys.
-func (m *Member) apply(e jetstream.KeyValueEntry, initial bool) {
-	_, rest := protocol.ClusterOfKey(e.Key())
-	put := e.Operation() == jetstream.KeyValuePut
+// apply records one change of the cluster's keys.
+func (m *Member) apply(e watch.Event) {
+	_, rest := protocol.ClusterOfKey(e.Key)
+	put := !e.Gone()
 	at := m.cfg.Now()
-	if initial && e.Created().Before(at) {
-		// Stored before we looked: it is at least that old.
-		at = e.Created()
+	if put && (e.Initial || e.Resync) && e.Entry.Created().Before(at) {
+		// Stored before we looked (or while we could not see): it is at
+		// least that old.
+		at = e.Entry.Created()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -68,7 +50,7 @@ func (m *Member) apply(e jetstream.KeyValueEntry, initial bool) {
 			m.def = nil
 			return
 		}
-		d, err := Decode(e.Value())
+		d, err := Decode(e.Entry.Value())
 		if err != nil || Validate(d) != nil {
 			m.log.Warn().Err(err).Msg("ignoring an invalid cluster definition")
 			return
@@ -81,13 +63,13 @@ func (m *Member) apply(e jetstream.KeyValueEntry, initial bool) {
 			return
 		}
 		var st protocol.ClusterState
-		if json.Unmarshal(e.Value(), &st) == nil && e.Revision() > m.stateRev {
-			m.state, m.stateRev = st, e.Revision()
+		if json.Unmarshal(e.Entry.Value(), &st) == nil && e.Entry.Revision() > m.stateRev {
+			m.state, m.stateRev = st, e.Entry.Revision()
 		}
 	case rest == "sync":
 		if put {
 			var s protocol.ClusterSync
-			if json.Unmarshal(e.Value(), &s) == nil {
+			if json.Unmarshal(e.Entry.Value(), &s) == nil {
 				m.applySyncLocked(s)
 			}
 		}
@@ -98,7 +80,7 @@ func (m *Member) apply(e jetstream.KeyValueEntry, initial bool) {
 			return
 		}
 		var r protocol.ClusterMemberReport
-		if json.Unmarshal(e.Value(), &r) == nil && r.Key() == k {
+		if json.Unmarshal(e.Entry.Value(), &r) == nil && r.Key() == k {
 			m.reports[k] = seen{report: r, at: at}
 		}
 	case len(rest) > 4 && rest[:4] == "req.":
@@ -108,7 +90,7 @@ func (m *Member) apply(e jetstream.KeyValueEntry, initial bool) {
 			return
 		}
 		var r protocol.ClusterRequest
-		if json.Unmarshal(e.Value(), &r) == nil {
+		if json.Unmarshal(e.Entry.Value(), &r) == nil {
 			r.ID = id
 			m.requests[id] = r
 		}
@@ -144,77 +126,47 @@ func (m *Member) resync(ctx context.Context) {
 	}
 }
 
+// watchLease follows the holder of the cluster's lease.
 func (m *Member) watchLease(ctx context.Context) error {
-	w, err := m.leases.Watch(ctx, m.lease.key)
-	if err != nil {
-		return fmt.Errorf("watch lease: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("lease watch closed")
+	w := watch.ForKV(m.js, m.leases, watch.Config{Keys: []string{m.lease.key}, Logger: m.log})
+	return w.Run(ctx, func(e watch.Event) {
+		holder := ""
+		if !e.Gone() {
+			var v struct {
+				ID string `json:"id"`
 			}
-			if e == nil {
-				continue
-			}
-			holder := ""
-			if e.Operation() == jetstream.KeyValuePut {
-				var v struct {
-					ID string `json:"id"`
-				}
-				_ = json.Unmarshal(e.Value(), &v)
-				holder = v.ID
-			}
-			m.mu.Lock()
-			m.holder = holder
-			m.mu.Unlock()
-			m.notify()
-			m.poke()
+			_ = json.Unmarshal(e.Entry.Value(), &v)
+			holder = v.ID
 		}
-	}
+		m.mu.Lock()
+		m.holder = holder
+		m.mu.Unlock()
+		m.notify()
+		m.poke()
+	})
 }
 
 // watchHealth follows the supervisor's assessment of this agent, if any.
 func (m *Member) watchHealth(ctx context.Context) error {
-	kv, err := m.js.KeyValue(ctx, protocol.BucketHealth)
+	w, err := watch.New(ctx, m.js, protocol.BucketHealth, watch.Config{Keys: []string{m.key}, Logger: m.log})
 	if err != nil {
 		<-ctx.Done() // no assessments in this deployment
 		return nil
 	}
-	w, err := kv.Watch(ctx, m.key)
-	if err != nil {
-		return fmt.Errorf("watch health: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("health watch closed")
+	return w.Run(ctx, func(e watch.Event) {
+		level := ""
+		if !e.Gone() {
+			var r struct {
+				Level json.RawMessage `json:"level"`
 			}
-			if e == nil {
-				continue
-			}
-			level := ""
-			if e.Operation() == jetstream.KeyValuePut {
-				var r struct {
-					Level json.RawMessage `json:"level"`
-				}
-				_ = json.Unmarshal(e.Value(), &r)
-				level = decodeLevel(r.Level)
-			}
-			m.mu.Lock()
-			m.health = level
-			m.mu.Unlock()
-			m.poke()
+			_ = json.Unmarshal(e.Entry.Value(), &r)
+			level = decodeLevel(r.Level)
 		}
-	}
+		m.mu.Lock()
+		m.health = level
+		m.mu.Unlock()
+		m.poke()
+	})
 }
 
 // decodeLevel reads a health level written as a name or a number (5 is

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -38,12 +39,11 @@ type Decision struct {
 // Router answers Route from a watch of every cluster's state: O(1) per
 // decision after a hash of the target (sharded: O(members)).
 type Router struct {
-	kv  jetstream.KeyValue
+	w   *watch.Watch
 	log zerolog.Logger
 
 	mu       sync.RWMutex
 	states   map[string]protocol.ClusterState
-	ready    chan struct{}
 	onChange []func()
 }
 
@@ -57,51 +57,32 @@ func NewRouter(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusters, err)
 	}
-	return &Router{kv: kv, log: log, states: map[string]protocol.ClusterState{}, ready: make(chan struct{})}, nil
+	return &Router{w: watch.ForKV(js, kv, watch.Config{Keys: []string{"*.state"}, Logger: log}), log: log,
+		states: map[string]protocol.ClusterState{}}, nil
 }
 
 // Ready is closed once the states stored at start are loaded.
-func (r *Router) Ready() <-chan struct{} { return r.ready }
+func (r *Router) Ready() <-chan struct{} { return r.w.Ready() }
 
-// Run watches the states until ctx ends.
+// Run watches the states until ctx ends (internal/watch: after a gap the
+// states are read again and only the differences applied).
 func (r *Router) Run(ctx context.Context) error {
-	w, err := r.kv.Watch(ctx, "*.state")
-	if err != nil {
-		return fmt.Errorf("watch cluster states: %w", err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("cluster state watch closed")
-			}
-			if e == nil {
-				select {
-				case <-r.ready:
-				default:
-					close(r.ready)
-				}
-				continue
-			}
-			name, _ := protocol.ClusterOfKey(e.Key())
-			r.mu.Lock()
-			if e.Operation() != jetstream.KeyValuePut {
-				delete(r.states, name)
-			} else {
-				var st protocol.ClusterState
-				if json.Unmarshal(e.Value(), &st) == nil {
-					r.states[name] = st
-				}
-			}
-			r.mu.Unlock()
-			for _, f := range r.onChange {
-				f()
+	return r.w.Run(ctx, func(e watch.Event) {
+		name, _ := protocol.ClusterOfKey(e.Key)
+		r.mu.Lock()
+		if e.Gone() {
+			delete(r.states, name)
+		} else {
+			var st protocol.ClusterState
+			if json.Unmarshal(e.Entry.Value(), &st) == nil {
+				r.states[name] = st
 			}
 		}
-	}
+		r.mu.Unlock()
+		for _, f := range r.onChange {
+			f()
+		}
+	})
 }
 
 // Route decides where a step addressed to cluster (and, sharded, target)

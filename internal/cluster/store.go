@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -204,25 +205,34 @@ func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequ
 	return r.ID, nil
 }
 
-// WaitHandled waits until the leader has handled (deleted) a request.
+// WaitHandled waits until the leader has handled (deleted) a request. A
+// request already gone when the watch first reads the bucket was handled
+// before it looked.
 func (s *Store) WaitHandled(ctx context.Context, name, id string) error {
 	key := protocol.ClusterRequestKey(name, id)
-	w, err := s.kv.Watch(ctx, key)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	present := false
+	handled := false
+	w := watch.ForKV(s.js, s.kv, watch.Config{Keys: []string{key}, Synced: func(bool) {
+		if !present {
+			handled = true
+			cancel()
+		}
+	}})
+	err := w.Run(ctx, func(e watch.Event) {
+		present = !e.Gone()
+		if !present {
+			handled = true
+			cancel()
+		}
+	})
+	// Run calls back on this goroutine: handled needs no lock.
+	if handled {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("request %s not handled yet (is a member of %s running?): %w", id, name, ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch closed")
-			}
-			if e != nil && e.Operation() != jetstream.KeyValuePut {
-				return nil
-			}
-		}
-	}
+	return fmt.Errorf("request %s not handled yet (is a member of %s running?): %w", id, name, ctx.Err())
 }

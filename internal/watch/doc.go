@@ -1,5 +1,9 @@
-// Package watch follows every key of a JetStream key-value bucket and
-// keeps the view honest across gaps.
+// Package watch follows the keys of a JetStream key-value bucket (every
+// key, or those Config.Keys names) and keeps the view honest across gaps.
+// It is the one KV watch loop of the code base: every view built from a
+// bucket (presence, cluster members and routing, the API's agent feed,
+// the client's snapshots) runs on it rather than on a hand-written loop
+// over a KeyWatcher.
 //
 // nats.go's KV watcher is an ordered consumer that notices a lost consumer
 // only after two missed 5 s heartbeats, so after a nats-server restart a
@@ -13,8 +17,9 @@
 //   - the connection reports DISCONNECTED or RECONNECTING: the view is
 //     stale from that moment; CONNECTED again starts a re-sync at once;
 //   - the watch delivered nothing for a heartbeat (1 s by default) and the
-//     bucket's last sequence on the server is beyond the last revision
-//     delivered: the watcher stalled (e.g. its consumer died with a cluster
+//     bucket's last sequence on the server (a filtered watch: the last
+//     sequence of its keys, one direct get per filter) is beyond the last
+//     revision delivered: the watcher stalled (e.g. its consumer died with a cluster
 //     node), re-sync; a probe that fails marks the view stale, and the
 //     first one that succeeds afterwards re-syncs;
 //   - the watcher's channel closes: re-sync.

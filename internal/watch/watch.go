@@ -34,6 +34,14 @@ func (e Event) Gone() bool { return e.Op != jetstream.KeyValuePut }
 
 // Config configures a Watch.
 type Config struct {
+	// Keys, when set, restricts the watch to the keys matching these
+	// filters (KV key syntax: "a.b", "a.*", "a.>"); the re-sync reads and
+	// the gap probe look at those keys only. Defaults to every key.
+	Keys []string
+	// Synced, when set, is called from the watch goroutine after every
+	// full read has been reported: the first (after the Initial events,
+	// as a KV watcher's nil marker) and each re-sync after a gap.
+	Synced func(resync bool)
 	// Heartbeat is how long the watch may go without delivering anything
 	// before it asks the server whether it missed something (the bucket's
 	// last sequence against the last revision seen). Defaults to 1s.
@@ -48,6 +56,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
+	c.Keys = append([]string(nil), c.Keys...)
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = time.Second
 	}
@@ -74,12 +83,16 @@ type Status struct {
 	Resyncs int
 }
 
-// Watch follows every key of one bucket. See the package doc.
+// Watch follows every key of one bucket (or those Config.Keys names). See
+// the package doc.
 type Watch struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	stream string
 	cfg    Config
+	// probeStream is the bucket's stream, kept for the probes of a
+	// filtered watch (a direct get per filter, no stream info).
+	probeStream jetstream.Stream
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -95,7 +108,12 @@ func New(ctx context.Context, js jetstream.JetStream, bucket string, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}
-	return &Watch{js: js, kv: kv, stream: "KV_" + bucket, cfg: cfg.withDefaults(), ready: make(chan struct{})}, nil
+	return ForKV(js, kv, cfg), nil
+}
+
+// ForKV binds a watch to a bucket the caller has open. Run starts it.
+func ForKV(js jetstream.JetStream, kv jetstream.KeyValue, cfg Config) *Watch {
+	return &Watch{js: js, kv: kv, stream: "KV_" + kv.Bucket(), cfg: cfg.withDefaults(), ready: make(chan struct{})}
 }
 
 // Ready is closed once the first full read of the bucket has been reported.
@@ -148,6 +166,9 @@ func (w *Watch) fresh(resync bool) {
 	w.status.Fresh = true
 	w.synced = true
 	w.mu.Unlock()
+	if w.cfg.Synced != nil {
+		w.cfg.Synced(resync)
+	}
 	w.readyOnce.Do(func() { close(w.ready) })
 }
 
@@ -201,7 +222,14 @@ func (w *Watch) sync(ctx context.Context, known map[string]uint64, last *uint64,
 	w.mu.Lock()
 	first := !w.synced
 	w.mu.Unlock()
-	kw, err := w.kv.WatchAll(ctx)
+	var kw jetstream.KeyWatcher
+	var err error
+	if len(w.cfg.Keys) > 0 {
+		// A copy: nats.go rewrites the filters it is given in place.
+		kw, err = w.kv.WatchFiltered(ctx, append([]string(nil), w.cfg.Keys...))
+	} else {
+		kw, err = w.kv.WatchAll(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", w.stream, err)
 	}
@@ -313,19 +341,51 @@ func (w *Watch) follow(ctx context.Context, kw jetstream.KeyWatcher, known map[s
 	}
 }
 
-// probe asks the server for the bucket's last sequence: one beyond what
-// was delivered after a silent heartbeat means the watcher stalled.
+// probe asks the server for the bucket's last sequence (a filtered watch:
+// the last of its keys'): one beyond what was delivered after a silent
+// heartbeat means the watcher stalled.
 func (w *Watch) probe(ctx context.Context, last uint64) error {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.Heartbeat)
 	defer cancel()
-	st, err := w.js.Stream(pctx, w.stream)
+	seq, err := w.lastSeq(pctx)
 	if err != nil {
 		return fmt.Errorf("probe %s: %w", w.stream, err)
 	}
-	if seq := st.CachedInfo().State.LastSeq; seq > last {
+	if seq > last {
 		return fmt.Errorf("%w: watcher of %s silent at revision %d, bucket at %d", errResync, w.stream, last, seq)
 	}
 	return nil
+}
+
+// lastSeq is the sequence of the newest message the watch should have
+// seen.
+func (w *Watch) lastSeq(ctx context.Context) (uint64, error) {
+	if len(w.cfg.Keys) == 0 {
+		st, err := w.js.Stream(ctx, w.stream)
+		if err != nil {
+			return 0, err
+		}
+		return st.CachedInfo().State.LastSeq, nil
+	}
+	if w.probeStream == nil {
+		st, err := w.js.Stream(ctx, w.stream)
+		if err != nil {
+			return 0, err
+		}
+		w.probeStream = st // only the watch goroutine probes
+	}
+	var seq uint64
+	for _, k := range w.cfg.Keys {
+		m, err := w.probeStream.GetLastMsgForSubject(ctx, "$KV."+w.kv.Bucket()+"."+k)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		seq = max(seq, m.Sequence)
+	}
+	return seq, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

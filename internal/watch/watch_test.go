@@ -2,6 +2,7 @@ package watch_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -260,5 +261,86 @@ func TestWatchDetectsStalledWatcher(t *testing.T) {
 	t.Logf("%d consumer(s) deleted; change seen after %s (resyncs %d)", len(names), time.Since(start).Round(time.Millisecond), s.w.Status().Resyncs)
 	if s.w.Status().Resyncs < 1 {
 		t.Fatal("no re-sync recorded")
+	}
+}
+
+// TestWatchFilteredKeys: a watch restricted to some keys reports only
+// those, calls Synced after its first read, is not fooled into a re-sync by
+// the rest of the bucket moving on (its probe looks at its own keys), and
+// still notices a stalled watcher on them.
+func TestWatchFilteredKeys(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a.1", "a.2", "b.1"} {
+		if _, err := kv.PutString(ctx, k, "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const beat = 100 * time.Millisecond
+	synced := make(chan bool, 8)
+	w := watch.ForKV(js, kv, watch.Config{Keys: []string{"a.>"}, Heartbeat: beat, Synced: func(resync bool) { synced <- resync }})
+	v := &view{values: map[string]string{}}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case resync := <-synced:
+		if resync {
+			t.Fatal("first Synced says resync")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("never synced")
+	}
+	if _, ok := v.get("a.1"); !ok {
+		t.Fatal("a.1 not reported before Synced")
+	}
+	if _, ok := v.get("b.1"); ok {
+		t.Fatal("b.1 reported by a watch of a.>")
+	}
+	// The rest of the bucket moves on: for 20 heartbeats the watch must
+	// neither report it nor take it for a stalled watcher.
+	for i := range 20 {
+		if _, err := kv.PutString(ctx, "b.1", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(beat)
+	}
+	if st := w.Status(); st.Resyncs != 0 || !st.Fresh {
+		t.Fatalf("other keys' writes caused a re-sync: %+v", st)
+	}
+	if _, ok := v.get("b.1"); ok {
+		t.Fatal("b.1 reported")
+	}
+	// Its own keys: a stalled watcher is still noticed.
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for info := range stream.ListConsumers(ctx).Info() {
+		if err := stream.DeleteConsumer(ctx, info.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.PutString(ctx, "a.2", "while-stalled"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "a.2's change seen after a re-sync", func() bool {
+		a, _ := v.get("a.2")
+		return a == "while-stalled" && w.Status().Resyncs >= 1
+	})
+	select {
+	case resync := <-synced:
+		if !resync {
+			t.Fatal("Synced after the re-sync says first read")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Synced not called after the re-sync")
 	}
 }

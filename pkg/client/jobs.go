@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -39,7 +40,7 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 	}
 	jobs := map[string]*Job{}
 	done := map[string]int{}
-	err = snapshot(ctx, st.KV(), []string{"job.*", "step.*.*"}, func(e jetstream.KeyValueEntry) error {
+	err = snapshot(ctx, c.js, st.KV(), []string{"job.*", "step.*.*"}, func(e jetstream.KeyValueEntry) error {
 		if strings.HasPrefix(e.Key(), "job.") {
 			var j jobstore.Job
 			if err := json.Unmarshal(e.Value(), &j); err != nil {
@@ -114,30 +115,32 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	return d, nil
 }
 
-// snapshot calls fn with the current value of every key matching filters,
-// using a watch that stops at the end of the initial values.
-func snapshot(ctx context.Context, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
+// snapshot calls fn with the current value of every key matching filters:
+// one full read of internal/watch, stopped once it has been reported.
+func snapshot(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return ErrWatchClosed
-			}
-			if e == nil {
-				return nil
-			}
-			if err := fn(e); err != nil {
-				return err
-			}
+	var ferr error
+	read := false
+	w := watch.ForKV(js, kv, watch.Config{Keys: filters, Synced: func(bool) {
+		read = true
+		cancel()
+	}})
+	// Run calls back on this goroutine and returns once ctx ends.
+	_ = w.Run(ctx, func(e watch.Event) {
+		if ferr != nil || read || e.Gone() {
+			return
 		}
+		if ferr = fn(e.Entry); ferr != nil {
+			cancel()
+		}
+	})
+	switch {
+	case ferr != nil:
+		return ferr
+	case read:
+		return nil
+	default:
+		return ctx.Err()
 	}
 }

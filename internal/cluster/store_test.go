@@ -1,0 +1,63 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// TestWaitHandled: WaitHandled returns when the request is deleted while it
+// waits, at once when it was deleted before it looked, and with the
+// context's error while nobody handles it.
+func TestWaitHandled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.define(t, protocol.ClusterDefinition{Name: "wh", Mode: protocol.ModeActiveActive})
+	ctx := context.Background()
+	kv := b.store.KV()
+	request := func() string {
+		id, err := b.store.Request(ctx, "wh", protocol.ClusterRequest{Op: protocol.RequestRebalance})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+
+	// Nobody handles it: the wait ends with the context.
+	id := request()
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := b.store.WaitHandled(wctx, "wh", id)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unhandled request: %v, want deadline exceeded", err)
+	}
+
+	// Handled while it waits (or, if the goroutine is slow to start,
+	// just before: either way it returns nil).
+	done := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		done <- b.store.WaitHandled(wctx, "wh", id)
+	}()
+	if err := kv.Delete(ctx, protocol.ClusterRequestKey("wh", id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("request deleted while waiting: %v", err)
+	}
+
+	// Handled before it looked.
+	id = request()
+	if err := kv.Delete(ctx, protocol.ClusterRequestKey("wh", id)); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.store.WaitHandled(wctx, "wh", id); err != nil {
+		t.Fatalf("request deleted before the wait: %v", err)
+	}
+}
