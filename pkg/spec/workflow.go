@@ -147,6 +147,13 @@ func (j *Job) StepConcurrency(s Step) []Concurrency {
 
 // validateWorkflow checks the workflow fields; Validate has checked ids
 // and dependencies already.
+// usesWorkflow reports whether the step sets any of the fields
+// validateWorkflow checks.
+func (s *Step) usesWorkflow() bool {
+	return s.Priority != "" || s.TTL != 0 || s.ExpiresIn != 0 || s.ExpiresAt != nil ||
+		s.Concurrency != nil || s.RateLimit != "" || s.Compensate != nil
+}
+
 func (j *Job) validateWorkflow() error {
 	if err := validPriority("priority", j.Priority); err != nil {
 		return err
@@ -170,11 +177,19 @@ func (j *Job) validateWorkflow() error {
 	if err := validConcurrency("concurrency", j.Concurrency); err != nil {
 		return err
 	}
-	ids := make(map[string]bool, len(j.Steps))
-	for _, s := range j.Steps {
-		ids[s.ID] = true
-	}
+	var ids map[string]bool // the job's step ids, for compensations only
 	for i, s := range j.Steps {
+		if !s.usesWorkflow() {
+			// Most steps: nothing to check here, and nothing allocated
+			// (field paths are built only for steps that need them).
+			continue
+		}
+		if s.Compensate != nil && ids == nil {
+			ids = make(map[string]bool, len(j.Steps))
+			for _, o := range j.Steps {
+				ids[o.ID] = true
+			}
+		}
 		f := fmt.Sprintf("steps[%d]", i)
 		if err := validPriority(f+".priority", s.Priority); err != nil {
 			return err
