@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -305,9 +306,19 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
 // waits for their PubAcks; then the cancel orders.
 func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 	type pending struct {
-		jt  *jobTurn
-		f   jetstream.PubAckFuture
-		msg *nats.Msg
+		jt   *jobTurn
+		f    jetstream.PubAckFuture
+		msg  *nats.Msg
+		task bool
+	}
+	// A task that is not stored fails the job's turn: its inputs are handed
+	// back, not acked, and their redelivery re-reads the job, which
+	// publishes the task again (republish, same Nats-Msg-Id). Otherwise a
+	// publish lost in a server restart leaves the step waiting for its lease.
+	taskFailed := func(jt *jobTurn, subject string, err error) {
+		if jt.err == nil {
+			jt.err = fmt.Errorf("publish task %s: %w", subject, err)
+		}
 	}
 	var futs []pending
 	for _, jt := range order {
@@ -324,10 +335,11 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 			m := t.msg
 			f, err := w.s.js.PublishMsgAsync(m)
 			if err != nil {
-				w.log.Warn().Err(err).Str("subject", m.Subject).Msg("task publish failed; the supervisor recovers the step when its lease ends")
+				w.log.Warn().Err(err).Str("subject", m.Subject).Msg("task publish failed; the job's inputs are handed back to publish it again")
+				taskFailed(jt, m.Subject, err)
 				continue
 			}
-			futs = append(futs, pending{jt, f, m})
+			futs = append(futs, pending{jt, f, m, true})
 		}
 		if jt.err != nil {
 			continue
@@ -342,7 +354,7 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 				w.log.Warn().Err(err).Str("kind", string(e.Kind)).Msg("event publish failed")
 				continue
 			}
-			futs = append(futs, pending{jt, f, m})
+			futs = append(futs, pending{jt, f, m, false})
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
@@ -351,9 +363,15 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 		select {
 		case <-p.f.Ok():
 		case err := <-p.f.Err():
-			w.log.Warn().Err(err).Str("subject", p.msg.Subject).Msg("publish failed; the supervisor recovers the step when its lease ends")
+			w.log.Warn().Err(err).Str("subject", p.msg.Subject).Msg("publish failed")
+			if p.task {
+				taskFailed(p.jt, p.msg.Subject, err)
+			}
 		case <-wctx.Done():
-			w.log.Warn().Str("subject", p.msg.Subject).Msg("no PubAck in time; the supervisor recovers the step when its lease ends")
+			w.log.Warn().Str("subject", p.msg.Subject).Msg("no PubAck in time")
+			if p.task {
+				taskFailed(p.jt, p.msg.Subject, wctx.Err())
+			}
 		}
 	}
 	for _, jt := range order {
