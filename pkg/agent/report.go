@@ -68,9 +68,17 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 		sleepCtx(ctx, backoff) // a cut-short sleep ends the loop at the checks above
 		backoff = min(2*backoff, time.Second)
 	}
-	if res.Status == protocol.ResultSucceeded {
+	switch {
+	case res.Status == protocol.ResultSucceeded:
 		a.stats.succeeded.Add(1)
-	} else {
+	case res.ErrorClass == protocol.ClassReroute:
+		// A cluster task refused unrun (not this member's epoch) is no
+		// failure of this agent: it is counted in ClusterFenced. Counted as
+		// failed, the supervisor's health assessment reads a former leader
+		// that comes back and refuses what was queued to it as failing
+		// every task — a standby never runs one to make up for it — and
+		// its healing drains it, taking it out of its cluster.
+	default:
 		a.stats.failed.Add(1)
 	}
 	logResult(log, res)

@@ -11,7 +11,7 @@ import (
 type Stats struct {
 	InFlight   int    `json:"in_flight"`
 	Succeeded  uint64 `json:"succeeded"`   // results reported as succeeded
-	Failed     uint64 `json:"failed"`      // results reported as failed
+	Failed     uint64 `json:"failed"`      // results reported as failed (cluster refusals are not: see ClusterFenced)
 	LeaseLost  uint64 `json:"lease_lost"`  // tasks abandoned because the lease was not confirmed
 	Rejected   uint64 `json:"rejected"`    // task messages that could not be decoded (terminated)
 	Expired    uint64 `json:"expired"`     // tasks not run or not reported because their deadline passed
