@@ -52,20 +52,23 @@ func (e *Env) runCluster(tb *runTB) {
 	track := newTracker(tb, js)
 	leader := func(within time.Duration) string {
 		deadline := time.Now().Add(within)
+		var roles []string // what the cluster looked like last, for the failure message
 		for time.Now().Before(deadline) {
 			s, _, err := st.State(ctx, name)
 			standbys := 0
+			roles = roles[:0]
 			for _, m := range s.Members {
 				if m.Role == protocol.RoleStandby {
 					standbys++
 				}
+				roles = append(roles, fmt.Sprintf("%s=%s %s", m.Key, m.Role, m.Reason))
 			}
 			if err == nil && s.Leader != "" && standbys == 2 {
 				return strings.TrimPrefix(s.Leader, "p.")
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		tb.Fatalf("cluster %s has no leader and two standbys after %s", name, within)
+		tb.Fatalf("cluster %s is not one leader and two standbys after %s: %v", name, within, roles)
 		return ""
 	}
 	leader(60 * time.Second)
