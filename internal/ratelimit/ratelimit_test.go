@@ -99,8 +99,10 @@ func TestReturnedGrantIsOfferedAgain(t *testing.T) {
 		}
 		return ok
 	}
-	if !allow(0) || !allow(0) {
-		t.Fatal("the burst of 2 refused")
+	for n := range 2 {
+		if !allow(0) {
+			t.Fatalf("grant %d of the burst of 2 refused", n+1)
+		}
 	}
 	if allow(1) {
 		t.Fatal("a third grant at once with burst 2")
