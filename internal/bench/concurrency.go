@@ -22,22 +22,7 @@ func (e *Env) runConcurrency(tb *runTB) {
 	dur := pick(e, 8*time.Second, 4*time.Second)
 	before := streamSeqs(tb, d.js)
 	base := d.track.Count()
-	start := time.Now()
-	submitted := 0
-	for time.Since(start) < dur {
-		for submitted-(d.track.Count()-base) < inFlight {
-			if _, err := publishAsync(d.js, submission(fmt.Sprintf("keyed-%d", submitted), spec)); err != nil {
-				tb.Fatalf("submit: %v", err)
-			}
-			submitted++
-		}
-		select {
-		case <-d.track.notify:
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	done := d.track.Count() - base
-	el := time.Since(start)
+	submitted, done, el := d.keepInFlight(tb, "keyed", spec, inFlight, dur)
 	if !d.track.waitCount(base+submitted, 2*time.Minute) {
 		tb.Fatalf("only %d of %d keyed jobs finished", d.track.Count()-base, submitted)
 	}

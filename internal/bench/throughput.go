@@ -73,6 +73,27 @@ func (d *deployment) runJobs(tb *runTB, prefix string, n, pubs int, spec func(i 
 	return time.Since(start)
 }
 
+// keepInFlight submits single jobs named <prefix>-<n> for dur, keeping
+// inFlight of them unfinished at any time. It returns how many it
+// submitted and how many finished within the window, and the window.
+func (d *deployment) keepInFlight(tb *runTB, prefix string, spec []byte, inFlight int, dur time.Duration) (submitted, done int, el time.Duration) {
+	base := d.track.Count()
+	start := time.Now()
+	for time.Since(start) < dur {
+		for submitted-(d.track.Count()-base) < inFlight {
+			if _, err := publishAsync(d.js, submission(fmt.Sprintf("%s-%d", prefix, submitted), spec)); err != nil {
+				tb.Fatalf("submit: %v", err)
+			}
+			submitted++
+		}
+		select {
+		case <-d.track.notify:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return submitted, d.track.Count() - base, time.Since(start)
+}
+
 // runThroughput keeps a fixed number of single-step jobs in flight for a
 // fixed time and counts the jobs whose terminal record arrived in that
 // window; then it lets the rest finish and counts every JetStream write
@@ -92,22 +113,7 @@ func (e *Env) runThroughput(tb *runTB) {
 	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "bench": os.Getpid()})
 	machine := newMachineMeter()
 	stopProfiles := e.startProfiles(tb, d.srv, "throughput", dur)
-	start := time.Now()
-	submitted := 0
-	for time.Since(start) < dur {
-		for submitted-(d.track.Count()-base) < inFlight {
-			if _, err := publishAsync(d.js, submission(fmt.Sprintf("job-%d", submitted), spec)); err != nil {
-				tb.Fatalf("submit: %v", err)
-			}
-			submitted++
-		}
-		select {
-		case <-d.track.notify:
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	done := d.track.Count() - base
-	el := time.Since(start)
+	submitted, done, el := d.keepInFlight(tb, "job", spec, inFlight, dur)
 	cores := meter.Cores()
 	busy := machine.Busy()
 	stopProfiles()
