@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 // is published, so a task never exists for an epoch the store lacks.
 func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 	js := jt.js
+	w.forgetArrived(jt)
 	if js.job.Desired == jobstore.JobCancelled && js.job.State != jobstore.JobCompensating {
 		w.cancel(jt, now)
 		return
@@ -59,13 +61,16 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 	}
 	for _, i := range js.takeReady(sliceDispatch) {
 		st := js.steps[i]
+		holder := holderID(st.JobID, st.ID)
 		if st.Desired == jobstore.StepCancelled {
+			w.s.stopWaiting(holder)
 			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)
 			js.stepEnded(i, now)
 			continue
 		}
 		if st.Expired(now) {
+			w.s.stopWaiting(holder)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Msg("step expired before it could start")
 			st.Expire(now)
@@ -77,34 +82,41 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		}
 		if st.NotBefore.After(now) {
 			// A retry in its backoff: the job's message comes back then.
+			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
 			waitAtLeast(st.NotBefore.Sub(now))
 			continue
 		}
 		if st.Agent == "" && st.Cluster == "" && !shareOf(st) {
 			// The job holds its share; a freed slot wakes it.
+			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
 			waitAtLeast(w.s.cfg.CapacityRetry.Std())
 			jt.agentWait = true
 			continue
 		}
 		prio := jt.js.job.Spec.StepPriority(jt.js.job.Spec.Steps[i])
-		holder := holderID(st.JobID, st.ID)
-		if w.s.behind(holder, st.Pool, prio, now) {
+		behind := func() {
 			// A step of higher (effective) priority waits for this pool:
-			// it takes the next free slot (priority.go).
+			// it takes the next free slot (priority.go). This one waits
+			// for a slot too: a freed one wakes it.
 			putBack = append(putBack, i)
 			waitAtLeast(w.s.cfg.CapacityRetry.Std())
-			w.s.waiting(holder, st.Pool, prio, now)
-			if why := "behind higher-priority work"; st.Waiting != why {
+			jt.agentWait = true
+			if why := errBehind.Error(); st.Waiting != why {
 				st.Waiting, st.UpdatedAt = why, now
 				js.markStep(i)
 			}
+		}
+		if w.s.behind(holder, st.Pool, prio, now) {
+			behind() // before taking gates it would give back
 			continue
 		}
 		if ok, at, why := w.admit(jt, i, now); !ok {
 			// A concurrency key or rate limit holds the step back; a
-			// freed slot wakes the job sooner (releaseGates).
+			// freed slot wakes the job sooner (releaseGates). Until it
+			// passes, it does not hold back lower work.
+			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
 			waitAtLeast(max(at.Sub(now), 0))
 			w.wakeAt(jt.id, at)
@@ -114,19 +126,24 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			}
 			continue
 		}
-		var agent protocol.Presence
-		var err error
-		if st.Cluster != "" {
+		// The final look at the backlog and the choice are one (take).
+		agent, err := w.s.take(holder, st.Pool, prio, now, func() (protocol.Presence, error) {
+			if st.Cluster == "" {
+				return w.s.choose(st)
+			}
 			// Through a cluster (cluster.go): the member's pool is the step's.
-			var epoch uint64
-			if agent, epoch, err = w.s.chooseCluster(st); err == nil {
+			agent, epoch, err := w.s.chooseCluster(st)
+			if err == nil {
 				st.Pool, st.ClusterEpoch = agent.Pool, epoch
 			}
-		} else {
-			agent, err = w.s.choose(st)
-		}
+			return agent, err
+		})
 		if err != nil {
 			w.unadmit(jt, i)
+		}
+		if errors.Is(err, errBehind) {
+			behind()
+			continue
 		}
 		if errors.Is(err, selection.ErrUnknownAction) || errors.Is(err, cluster.ErrTargetRequired) {
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Err(err).Msg("step failed: unknown action")
@@ -138,7 +155,6 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		if err != nil {
 			putBack = append(putBack, i)
 			jt.agentWait = true
-			w.s.waiting(holder, st.Pool, prio, now)
 			if errors.Is(err, selection.ErrAtCapacity) {
 				waitAtLeast(w.s.cfg.CapacityRetry.Std())
 			} else {
@@ -157,7 +173,6 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			continue // not pending: nothing to do
 		}
 		js.markStep(i)
-		w.s.stopWaiting(holder)
 		jt.tasks = append(jt.tasks, task{idx: i, msg: w.s.taskMsg(st, st.Pool, agent.ID, token)})
 		w.s.metrics.StepDispatched()
 		w.log.Debug().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent.ID).
@@ -184,6 +199,7 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 	for i, st := range js.steps {
 		switch st.State {
 		case jobstore.StepPending:
+			w.s.stopWaiting(holderID(st.JobID, st.ID))
 			st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
 			st.LastError, st.UpdatedAt, st.FinishedAt = protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)
@@ -201,6 +217,20 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 		}
 	}
 	js.ready = js.ready[:0]
+}
+
+// forgetArrived forgets the steps a submission registered on arrival
+// (priority.go) that do not wait to be dispatched: its job existed, and
+// they ran or are running. Pending ones are settled by dispatch below.
+func (w *worker) forgetArrived(jt *jobTurn) {
+	if !slices.ContainsFunc(jt.inputs, func(in input) bool { return in.kind == inSubmit }) {
+		return
+	}
+	for _, st := range jt.js.steps {
+		if len(st.DependsOn) == 0 && st.State != jobstore.StepPending {
+			w.s.stopWaiting(holderID(st.JobID, st.ID))
+		}
+	}
 }
 
 // choose picks an agent for a step.

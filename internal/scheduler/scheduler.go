@@ -304,7 +304,9 @@ func (s *Scheduler) onSubmission(m jetstream.Msg) {
 	if !ok {
 		id = "invalid"
 	}
-	s.route(input{kind: inSubmit, job: id, msg: m, at: s.now()})
+	in := input{kind: inSubmit, job: id, msg: m, at: s.now()}
+	s.arrived(in) // under a backlog, its priority counts from now (priority.go)
+	s.route(in)
 }
 
 func (s *Scheduler) onResult(m jetstream.Msg) {
