@@ -11,7 +11,6 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
 
 // A ghost delivery: the server counts a task as delivered and unacked, and
@@ -23,31 +22,8 @@ import (
 // task is delivered to it afresh and runs.
 func TestGhostDeliveryIsDeliveredAgainToAnIdleAgent(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
-	cfg := testConfig("haunted")
-	cfg.Lease = protocol.Duration(time.Second)
-	full := cfg.WithDefaults()
-	shard := protocol.Shard(full.Pool, full.ID, testShards)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cc, err := streams.TaskConsumer(shard, full.Pool, full.ID, full.Lease.Std(), full.MaxDeliver, full.MaxConcurrent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, protocol.TaskStream(shard), cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	b := &bundle{srv: srv, nc: nc, js: js}
+	b, cfg, cons := preconsumed(t, "haunted")
 	var ran atomic.Int32
-	// The agent's task subject is known before it runs: publish through a
-	// stand-in whose TaskSubject matches.
-	standIn, err := agent.New(cfg, agent.WithConn(nc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.agent = standIn
 	b.publish(t, protocol.Task{JobID: "job-ghost", StepID: "s", Action: "work", Deadline: time.Now().Add(time.Hour)})
 	ghost, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
 	if err != nil {

@@ -222,3 +222,30 @@ func (b *bundle) deadLetter(t *testing.T) (*jetstream.RawStreamMsg, error) {
 func testLogger(t *testing.T) agent.Option {
 	return agent.WithLogger(zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel))
 }
+
+// preconsumed sets up an agent's task consumer before the agent runs, as a
+// crashed run would have left it, and a bundle that publishes to the
+// agent's task subject through a stand-in of the same config. The caller
+// takes deliveries from cons as that earlier run did, then starts the
+// real agent with b.start(t, cfg, …).
+func preconsumed(t *testing.T, id string) (b *bundle, cfg agent.Config, cons jetstream.Consumer) {
+	t.Helper()
+	srv, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	cfg = testConfig(id)
+	cfg.Lease = protocol.Duration(time.Second)
+	full := cfg.WithDefaults()
+	shard := protocol.Shard(full.Pool, full.ID, testShards)
+	cc, err := streams.TaskConsumer(shard, full.Pool, full.ID, full.Lease.Std(), full.MaxDeliver, full.MaxConcurrent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err = js.CreateOrUpdateConsumer(context.Background(), protocol.TaskStream(shard), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standIn, err := agent.New(cfg, agent.WithConn(nc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{srv: srv, nc: nc, js: js, agent: standIn}, cfg, cons
+}

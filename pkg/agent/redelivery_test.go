@@ -11,7 +11,6 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
 
 // A run that crashed left four deliveries unacked: a poison task and three
@@ -22,27 +21,7 @@ import (
 // delivery count and reach max_deliver with it.
 func TestRedeliveriesAreFetchedOneAtATime(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
-	cfg := testConfig("survivor")
-	cfg.Lease = protocol.Duration(time.Second)
-	full := cfg.WithDefaults()
-	shard := protocol.Shard(full.Pool, full.ID, testShards)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cc, err := streams.TaskConsumer(shard, full.Pool, full.ID, full.Lease.Std(), full.MaxDeliver, full.MaxConcurrent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, protocol.TaskStream(shard), cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{srv: srv, nc: nc, js: js}
-	standIn, err := agent.New(cfg, agent.WithConn(nc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.agent = standIn
+	b, cfg, cons := preconsumed(t, "survivor")
 	deadline := time.Now().Add(time.Hour)
 	b.publish(t, protocol.Task{JobID: "job-0", StepID: "poison", Action: "poison", Deadline: deadline})
 	for _, id := range []string{"job-1", "job-2", "job-3"} {
