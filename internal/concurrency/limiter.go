@@ -50,8 +50,25 @@ type Limiter struct {
 	// would otherwise lose compare-and-set races to each other and retry,
 	// each retry another read and write of a record that grows with the
 	// queue. Races with other processes are still settled by the CAS.
-	keys sync.Map // key → *sync.Mutex
+	keys sync.Map // key → *keyState
 }
+
+// keyState is this process's hold on one key: the mutex that serialises
+// its updates, and the record as this process last wrote or read it.
+// Serialised, a write is usually the next one: it is tried on the cached
+// revision without reading first, one round trip instead of two for each
+// Acquire and Release on a handoff. A stale revision costs a rejected
+// write and a read, as before; after one, the cache is not trusted for a
+// while (other processes write the key too).
+type keyState struct {
+	mu         sync.Mutex
+	rev        uint64 // 0: nothing cached
+	rec        record
+	doubtUntil time.Time
+}
+
+// doubtFor is how long the cache is bypassed after it proved stale.
+const doubtFor = time.Second
 
 // New opens the warden_concurrency bucket (streams.EnsureWorkflow creates it).
 func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Limiter, error) {
@@ -91,11 +108,13 @@ var ErrConflict = errors.New("concurrency key contended, try again")
 const maxCAS = 16
 
 // update applies fn to key's record with compare-and-set, retrying lost
-// races. fn returns whether to write.
+// races. fn returns whether to write. A decision to write nothing is made
+// on the stored record, never on the cached one (which no CAS checks).
 func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) bool) error {
-	mu, _ := l.keys.LoadOrStore(key, new(sync.Mutex))
-	mu.(*sync.Mutex).Lock()
-	defer mu.(*sync.Mutex).Unlock()
+	v, _ := l.keys.LoadOrStore(key, new(keyState))
+	ks := v.(*keyState)
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
 	for attempt := range maxCAS {
 		if attempt > 0 {
 			// Lost a race: back off a little, with jitter, so that
@@ -106,39 +125,79 @@ func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) boo
 			case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
 			}
 		}
-		var r record
-		var rev uint64
-		e, err := l.kv.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-		case err != nil:
-			return fmt.Errorf("read concurrency key %s: %w", key, err)
-		default:
-			rev = e.Revision()
-			if err := json.Unmarshal(e.Value(), &r); err != nil {
-				return fmt.Errorf("decode concurrency key %s: %w", key, err)
-			}
+		cached := ks.rev != 0 && time.Now().After(ks.doubtUntil)
+		var (
+			r   record
+			rev uint64
+			err error
+		)
+		if cached {
+			r, rev = ks.rec.clone(), ks.rev
+		} else if r, rev, err = l.read(ctx, key); err != nil {
+			return err
 		}
-		if !fn(&r) {
+		write := fn(&r)
+		if !write && cached {
+			if r, rev, err = l.read(ctx, key); err != nil {
+				return err
+			}
+			write = fn(&r)
+		}
+		if !write {
+			ks.rev, ks.rec = rev, r
 			return nil
 		}
 		b, err := json.Marshal(r)
 		if err != nil {
 			return err
 		}
+		var at uint64
 		if rev == 0 {
-			_, err = l.kv.Create(ctx, key, b)
+			at, err = l.kv.Create(ctx, key, b)
 		} else {
-			_, err = l.kv.Update(ctx, key, b, rev)
+			at, err = l.kv.Update(ctx, key, b, rev)
 		}
 		if err == nil {
+			ks.rev, ks.rec = at, r
+			if len(r.Holders)+len(r.Waiters) == 0 {
+				// Idle: keep no copy (one per key ever used would
+				// grow without bound); its next use reads first.
+				ks.rev, ks.rec = 0, record{}
+			}
 			return nil
+		}
+		ks.rev = 0
+		if cached {
+			ks.doubtUntil = time.Now().Add(doubtFor)
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
 			return fmt.Errorf("write concurrency key %s: %w", key, err)
 		}
 	}
 	return ErrConflict
+}
+
+// read returns key's stored record and revision (0: none).
+func (l *Limiter) read(ctx context.Context, key string) (record, uint64, error) {
+	var r record
+	e, err := l.kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return r, 0, nil
+	case err != nil:
+		return r, 0, fmt.Errorf("read concurrency key %s: %w", key, err)
+	}
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return r, 0, fmt.Errorf("decode concurrency key %s: %w", key, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// clone copies r, so that a decision on the cached record leaves it as it
+// was when the write is refused.
+func (r record) clone() record {
+	r.Holders, r.Waiters = slices.Clone(r.Holders), slices.Clone(r.Waiters)
+	return r
 }
 
 func isWrongSeq(err error) bool {

@@ -107,6 +107,42 @@ func TestWaitersInOrderAcrossSchedulers(t *testing.T) {
 	}
 }
 
+// TestStaleCacheNeverDecides: a limiter writes on the record it cached
+// without reading first; when another scheduler changed the key meanwhile,
+// neither a write (the CAS refuses it) nor a refusal that writes nothing
+// may rest on the stale copy.
+func TestStaleCacheNeverDecides(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ls := setup(t, 2, concurrency.Config{Now: clk.Now})
+	a, b := ls[0], ls[1]
+	ctx := context.Background()
+	if !acquire(t, a, "k", 1, "j1.s") || acquire(t, a, "k", 1, "j2.s") {
+		t.Fatal("limit 1: j1 holds, j2 waits")
+	}
+	// a's cache: j1 holds, j2 waits. b frees j1's slot.
+	if next, err := b.Release(ctx, "k", "j1.s"); err != nil || fmt.Sprint(next) != "[j2.s]" {
+		t.Fatalf("release: %v %v", next, err)
+	}
+	// On a's cached copy j2 is still queued (a refusal that writes
+	// nothing); on the stored record the slot is j2's.
+	if !acquire(t, a, "k", 1, "j2.s") {
+		t.Fatal("a refused j2 on its stale copy of the key")
+	}
+	// b's copy is stale now (a wrote): its write is refused by the CAS and
+	// decided again on the stored record.
+	if acquire(t, b, "k", 1, "j3.s") {
+		t.Fatal("j3 granted beside j2 with limit 1")
+	}
+	st, err := b.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(st.Holders, st.Waiters) != "[j2.s] [j3.s]" {
+		t.Fatalf("state %+v", st)
+	}
+}
+
 func TestCrashedHolderFreedByLease(t *testing.T) {
 	t.Parallel()
 	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -201,4 +237,42 @@ func TestNeverOverLimit(t *testing.T) {
 	if err != nil || len(st.Holders)+len(st.Waiters) != 0 || !slices.Equal(st.Holders, nil) {
 		t.Fatalf("leftovers %+v %v", st, err)
 	}
+}
+
+// BenchmarkHandoff: one key, limit 1, 200 waiters queued; each op is a
+// handoff as a scheduler does it: the holder releases, the next waiter
+// acquires. It reports handoffs/s; it asserts nothing.
+func BenchmarkHandoff(b *testing.B) {
+	srv := natstest.New(b)
+	_, js := srv.Connect(b)
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		b.Fatal(err)
+	}
+	l, err := concurrency.New(ctx, js, concurrency.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const waiters = 200
+	holder := func(i int) string { return fmt.Sprintf("job-%06d.s", i) }
+	for i := range waiters + 1 {
+		if _, _, err := l.Acquire(ctx, "k", 1, holder(i), time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		next, err := l.Release(ctx, "k", holder(i))
+		if err != nil || len(next) != 1 {
+			b.Fatalf("release: %v %v", next, err)
+		}
+		if ok, _, err := l.Acquire(ctx, "k", 1, next[0], time.Minute); err != nil || !ok {
+			b.Fatalf("acquire %s: %v %v", next[0], ok, err)
+		}
+		// Keep the queue at its length: a newcomer joins the end.
+		if _, _, err := l.Acquire(ctx, "k", 1, holder(i+waiters+1), time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
 }
