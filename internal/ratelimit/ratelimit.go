@@ -164,12 +164,8 @@ func (l *Limiter) Allow(ctx context.Context, name, key string) (granted bool, re
 	c, have := l.cache[k]
 	l.mu.Unlock()
 	for attempt := range 16 {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return false, time.Time{}, ctx.Err()
-			case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
-			}
+		if err := casBackoff(ctx, attempt); err != nil {
+			return false, time.Time{}, err
 		}
 		if !have {
 			if c, err = l.read(ctx, k); err != nil {
@@ -228,12 +224,8 @@ func (l *Limiter) Return(ctx context.Context, name, key string) error {
 	c, have := l.cache[k]
 	l.mu.Unlock()
 	for attempt := range 16 {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
-			}
+		if err := casBackoff(ctx, attempt); err != nil {
+			return err
 		}
 		if !have {
 			var err error
@@ -296,4 +288,19 @@ func (l *Limiter) forget(k string) {
 func isWrongSeq(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// casBackoff waits before attempt (none before the first): a random delay
+// that grows with the attempts, so that writers that lost a
+// compare-and-set to each other spread out instead of colliding again.
+func casBackoff(ctx context.Context, attempt int) error {
+	if attempt == 0 {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Duration(rand.Int64N(int64(attempt) * int64(time.Millisecond)))):
+		return nil
+	}
 }

@@ -371,8 +371,8 @@ func killOneNode(t *testing.T, e *env) {
 		len(ids), slowest.Round(time.Millisecond), slowestID, longestSubmit.Round(time.Millisecond))
 }
 
-// metricSum adds every sample of a metric, whatever its labels.
-func metricSum(t *testing.T, url, name string) float64 {
+// scrape reads a Prometheus endpoint's exposition lines.
+func scrape(t *testing.T, url string) []string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -380,30 +380,34 @@ func metricSum(t *testing.T, url, name string) float64 {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return strings.Split(string(b), "\n")
+}
+
+// sampleValue is the value at the end of an exposition line.
+func sampleValue(line string) float64 {
+	f := strings.Fields(line)
+	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+	return v
+}
+
+// metricSum adds every sample of a metric, whatever its labels.
+func metricSum(t *testing.T, url, name string) float64 {
+	t.Helper()
 	var sum float64
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range scrape(t, url) {
 		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
+			sum += sampleValue(line)
 		}
 	}
 	return sum
 }
 
-// metric reads one sample (0 when absent) from a Prometheus endpoint.
+// metric reads one sample, named with its labels (0 when absent).
 func metric(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range scrape(t, url) {
 		if strings.HasPrefix(line, name+" ") {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
-			return v
+			return sampleValue(line)
 		}
 	}
 	return 0
