@@ -118,7 +118,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			// passes, it does not hold back lower work.
 			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
-			waitAtLeast(max(at.Sub(now), 0))
+			waitAtLeast(max(at.Sub(now), gateRedelivery))
 			w.wakeAt(jt.id, at)
 			if st.Waiting != why {
 				st.Waiting, st.UpdatedAt = why, now

@@ -50,6 +50,8 @@ type worker struct {
 	// concurrency key's queue: wakes before then skip the key's record
 	// (workflow.go).
 	gated map[string]time.Time
+	// wakes holds, per job, when its pending gate wake fires (wakeAt).
+	wakes map[string]time.Time
 	// gateSpent is the time this turn spent asking concurrency keys and
 	// rate limits; past gateBudget the turn's remaining steps ask on a
 	// later turn (workflow.go).
@@ -120,7 +122,7 @@ func (w *worker) expandWakes(batch []input) []input {
 
 func newWorker(s *Scheduler) *worker {
 	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]int{}, log: s.log,
-		ctx: context.Background(), gated: map[string]time.Time{}}
+		ctx: context.Background(), gated: map[string]time.Time{}, wakes: map[string]time.Time{}}
 }
 
 // run handles turns until ctx ends, then finishes what it holds.
@@ -399,6 +401,7 @@ func (w *worker) finish(jt *jobTurn) {
 	if jt.finished || (jt.js != nil && jt.js.job.State.Terminal()) {
 		delete(w.cache, jt.id)
 		delete(w.waiting, jt.id)
+		delete(w.wakes, jt.id)
 	}
 	var msgs []jetstream.Msg
 	for k, in := range jt.inputs {

@@ -133,7 +133,6 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		// The job's records are not created yet (or this is a resubmission
 		// of a job that exists): take nothing shared before the create has
 		// landed. The job continues right after it.
-		w.wakeAt(jt.id, now.Add(10*time.Millisecond))
 		return false, now.Add(10 * time.Millisecond), st.Waiting
 	}
 	holder := holderID(st.JobID, st.ID)
@@ -147,10 +146,8 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		// The turn spent its share on gates: a step admitted now would be
 		// published at the end of a turn that has already eaten into its
 		// lease, and every other job of this worker waits for the turn.
-		// It asks again next turn; the message's redelivery, later, is
-		// only the durable fallback.
-		w.wakeAt(jt.id, now.Add(gateBudget))
-		return false, now.Add(time.Second), st.Waiting
+		// It asks again next turn.
+		return false, now.Add(gateBudget), st.Waiting
 	}
 	delete(w.gated, holder)
 	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
@@ -291,12 +288,24 @@ func (w *worker) gateFreed(job string) bool {
 	return true
 }
 
+// gateRedelivery is the least nak delay of a job held back by a gate: its
+// wake (wakeAt) retries it on time, and the message's redelivery is only
+// the durable fallback should this worker die first.
+const gateRedelivery = time.Second
+
 // wakeAt retries a job held back by a gate at the time the gate named: a
 // rate limit's next grant is known to the millisecond, and waiting for the
-// message's redelivery would waste grants. The nak delay stays the durable
-// fallback.
+// message's redelivery would waste grants. A job gets one timer: a wake
+// already due no later than at is enough (a gated job passes through
+// dispatch on every wake and redelivery, and a timer per pass multiplied
+// into wake storms).
 func (w *worker) wakeAt(job string, at time.Time) {
-	time.AfterFunc(max(time.Until(at), 0), func() {
+	now := w.s.now()
+	if due, ok := w.wakes[job]; ok && due.After(now) && !at.Before(due) {
+		return
+	}
+	w.wakes[job] = at
+	time.AfterFunc(max(at.Sub(now), 0), func() {
 		w.q.push(input{kind: inWake, job: job, at: w.s.now()})
 	})
 }

@@ -26,6 +26,14 @@ const (
 	JobSucceeded = jobstore.JobSucceeded
 	JobFailed    = jobstore.JobFailed
 	JobCancelled = jobstore.JobCancelled
+	// A job that failed (or was cancelled with compensation) and is
+	// undoing its succeeded steps, then its end: every compensation ran,
+	// or one failed for good.
+	JobCompensating       = jobstore.JobCompensating
+	JobCompensated        = jobstore.JobCompensated
+	JobCompensationFailed = jobstore.JobCompensationFailed
+	// JobExpired: the job had not started by its expires_at / ttl.
+	JobExpired = jobstore.JobExpired
 )
 
 // Step states.
@@ -37,4 +45,6 @@ const (
 	StepSkipped      = jobstore.StepSkipped
 	StepCancelled    = jobstore.StepCancelled
 	StepDeadLettered = jobstore.StepDeadLettered
+	// StepExpired: the step had not started by its expiry.
+	StepExpired = jobstore.StepExpired
 )
