@@ -87,6 +87,7 @@ func (e *Env) phase(name string) (err error) {
 	switch name {
 	case "raw":
 		e.runRaw(tb)
+		e.sub("raw-jobs", e.runRawJobs)
 	case "throughput":
 		e.runThroughput(tb)
 	case "latency":
@@ -169,6 +170,18 @@ func (e *Env) ratios() {
 			add("ratio_job_writes_to_raw_async_publish", "job writes/s ÷ async publish/s", v("jobs_per_s")*v("writes_per_job"), v("raw_async_publish_per_s"),
 				"the share of the broker's pipelined write rate Warden uses")
 		}
+	}
+	if has("jobs_per_s", "raw_job_pipeline_per_s") {
+		add("ratio_jobs_to_raw_job_pipeline", "jobs/s ÷ job-shaped pipeline/s", v("jobs_per_s"), v("raw_job_pipeline_per_s"),
+			"how close Warden comes to the broker carrying the same messages with no Warden work")
+	}
+	if has("jobs_per_s", "throughput_server_cpu_cores", "raw_job_pipeline_server_ms_per_job") && v("jobs_per_s") > 0 {
+		warden := 1000 * v("throughput_server_cpu_cores") / v("jobs_per_s")
+		r.Add(Figure{Section: sec, Key: "throughput_server_ms_per_job", Label: "nats-server CPU per Warden job", Value: warden, Unit: "ms",
+			Note: fmt.Sprintf("%.2f × the pipeline's %.3f ms: what Warden's own requests (reads, consumer traffic, watches) add", warden/v("raw_job_pipeline_server_ms_per_job"), v("raw_job_pipeline_server_ms_per_job"))})
+		cores := float64(runtime.NumCPU())
+		r.Add(Figure{Section: sec, Key: "broker_bound_jobs_per_s", Label: "jobs/s if nats-server had every core", Value: 1000 * cores / v("raw_job_pipeline_server_ms_per_job"), Unit: "jobs/s",
+			Note: fmt.Sprintf("%.0f cores ÷ the pipeline's server CPU per job: no client on this machine, Warden or not, gets more through this broker", cores)})
 	}
 	if has("jobs_per_s", "raw_sync_publish_per_s") {
 		add("ratio_jobs_to_raw_sync_publish", "jobs/s ÷ sync publish/s", v("jobs_per_s"), v("raw_sync_publish_per_s"), "")
