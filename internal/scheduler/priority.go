@@ -179,7 +179,7 @@ func (b *backlog) forgetLocked(holder string) (heldBack bool) {
 // for a slot after all (its job existed and the step is done, a gate
 // holds it) is forgotten by its job's turn (dispatch), and stale ones by
 // reportBacklog.
-func (s *Scheduler) arrived(in input) {
+func (s *Scheduler) arrived(in *input) {
 	b := &s.backlog
 	b.mu.Lock()
 	busy := len(b.entries) > 0
@@ -192,8 +192,12 @@ func (s *Scheduler) arrived(in input) {
 		// scheduler died); its turn registers what waits.
 		return
 	}
-	sp, err := s.parseSubmission(&in)
-	if err != nil || s.checkRateLimits(sp) != nil {
+	sp, err := s.parseSubmission(in)
+	if err != nil {
+		return // its turn rejects it
+	}
+	in.parsed = sp
+	if s.checkRateLimits(sp) != nil {
 		return // its turn rejects it
 	}
 	if h := in.msg.Headers(); !schedule.Released(h) {

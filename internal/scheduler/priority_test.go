@@ -99,19 +99,20 @@ func TestArrivalRegistersUnderBacklog(t *testing.T) {
 	s := backlogScheduler()
 	now := time.Now()
 	high := []byte(`{"name":"h","priority":"high","steps":[{"id":"a","action":"echo"},{"id":"b","action":"echo","depends_on":["a"]}]}`)
-	s.arrived(submission("early", high, now, 1))
+	arrive := func(in input) { s.arrived(&in) }
+	arrive(submission("early", high, now, 1))
 	if len(s.backlog.entries) != 0 {
 		t.Fatal("registered without a backlog")
 	}
 	atCapacity := func() (protocol.Presence, error) { return protocol.Presence{}, selection.ErrAtCapacity }
 	s.take("waiting.s", "default", spec.PriorityLow, now, atCapacity)
-	s.arrived(submission("again", high, now, 2))
-	s.arrived(submission("later", []byte(`{"name":"h","priority":"high","delay":"1m","steps":[{"id":"a","action":"echo"}]}`), now, 1))
-	s.arrived(submission("bad", []byte(`{"name":"h","priority":"high","steps":[]}`), now, 1))
+	arrive(submission("again", high, now, 2))
+	arrive(submission("later", []byte(`{"name":"h","priority":"high","delay":"1m","steps":[{"id":"a","action":"echo"}]}`), now, 1))
+	arrive(submission("bad", []byte(`{"name":"h","priority":"high","steps":[]}`), now, 1))
 	if len(s.backlog.entries) != 1 {
 		t.Fatalf("registered a redelivery, a delayed or a rejected submission: %v", s.backlog.entries)
 	}
-	s.arrived(submission("job-h", high, now, 1))
+	arrive(submission("job-h", high, now, 1))
 	if _, ok := s.backlog.entries["job-h.a"]; !ok {
 		t.Fatal("the ready step of a submission under backlog is not registered")
 	}

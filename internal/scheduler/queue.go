@@ -36,7 +36,10 @@ type input struct {
 	// job's dispatching is done.
 	held []jetstream.Msg
 
-	spec   *spec.Job
+	spec *spec.Job
+	// parsed is the submission's spec as parsed on arrival (priority.go),
+	// so that its turn does not parse it again.
+	parsed *spec.Job
 	result *protocol.Result
 	// tries counts how often the input met a lost compare-and-set.
 	tries int

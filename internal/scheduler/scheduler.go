@@ -305,7 +305,7 @@ func (s *Scheduler) onSubmission(m jetstream.Msg) {
 		id = "invalid"
 	}
 	in := input{kind: inSubmit, job: id, msg: m, at: s.now()}
-	s.arrived(in) // under a backlog, its priority counts from now (priority.go)
+	s.arrived(&in) // under a backlog, its priority counts from now (priority.go)
 	s.route(in)
 }
 

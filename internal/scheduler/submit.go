@@ -52,6 +52,9 @@ func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 		return nil, &spec.ValidationError{Reason: spec.ReasonInvalidID, Field: protocol.HeaderJobID,
 			Msg: fmt.Sprintf("%q may contain only letters, digits, '_' and '-'", in.job)}
 	}
+	if in.parsed != nil {
+		return in.parsed, nil // checked on arrival
+	}
 	sp, err := spec.Parse(in.msg.Data(), s.cfg.limits())
 	if err != nil {
 		return nil, err
