@@ -24,12 +24,8 @@ type outcome struct {
 
 // process runs one task message to its end: a published result and an ack,
 // a hand-back, or (lease lost, deadline passed) nothing at all.
-func (a *Agent) process(workCtx context.Context, msg jetstream.Msg) {
+func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uint64) {
 	received := a.now()
-	var delivery uint64 = 1
-	if md, err := msg.Metadata(); err == nil {
-		delivery = md.NumDelivered
-	}
 	pt, err := decodeTask(msg)
 	if err != nil {
 		a.stats.rejected.Add(1)
