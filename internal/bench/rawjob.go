@@ -160,6 +160,7 @@ func (e *Env) runRawJobs(tb *runTB) {
 	base := done.Load()
 	sent := int64(0)
 	meter := newCPUMeter(map[string]int{"server": srv.PID(), "bench": os.Getpid()})
+	stopProfiles := e.startProfiles(tb, srv, "raw-jobs", dur)
 	start := time.Now()
 	for time.Since(start) < dur {
 		for sent-(done.Load()-base) < inFlight {
@@ -172,6 +173,7 @@ func (e *Env) runRawJobs(tb *runTB) {
 	el := time.Since(start)
 	finished := done.Load() - base
 	cores := meter.Cores()
+	stopProfiles()
 	waitDone(int64(n))
 	rate := float64(finished) / el.Seconds()
 	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_per_s", Label: "job-shaped pipeline (Warden's messages, no Warden)", Value: rate, Unit: "jobs/s",
