@@ -24,12 +24,13 @@ import (
 // sliceInputs inputs and sliceDispatch dispatches per turn, and continues
 // behind the other jobs' inputs. They are small because what a slice
 // writes queues ahead of every other job's writes at the server: with 64,
-// single-step probes took up to 100 ms while a 1,000-step fan-out ran;
-// with 8, 35 ms, the fan-out taking 0.3 → 0.75 s (docs/performance.md).
+// single-step probes took up to 100 ms (p99) while a 1,000-step fan-out
+// ran; with 8, 27-40 ms; with 4, 23-28 ms, the fan-out taking 0.3-0.5 s
+// → 0.8-1.1 s (target 2 s; docs/performance.md).
 const (
 	turnInputs    = 256
-	sliceInputs   = 8
-	sliceDispatch = 8
+	sliceInputs   = 4
+	sliceDispatch = 4
 	maxTries      = 8
 	conflictRetry = 50 * time.Millisecond
 )
