@@ -43,7 +43,7 @@ type worker struct {
 	cache map[string]*jobState
 	// waiting holds jobs with a ready step that found no agent or no free
 	// slot; a presence or capacity change wakes them.
-	waiting map[string]int // job → its steps in flight when it began to wait
+	waiting map[string]waiter
 	log     zerolog.Logger
 	// lastWake (unix nanos) rate-limits wakes from presence changes.
 	lastWake atomic.Int64
@@ -89,6 +89,19 @@ func (w *worker) trimCache() {
 	}
 }
 
+// waiter is a job waiting for an agent or a slot.
+type waiter struct {
+	inFlight int       // its steps in flight when it began to wait
+	since    time.Time // when it began to wait
+}
+
+// wakeBudget is how many waiting jobs one wake retries in a worker. A wake
+// comes with each freed slot (at most every wakeEvery) and with each
+// presence change; retrying every waiting job at each was 5 attempts per
+// dispatch with 1,500 jobs waiting (11,000 a second). The rest wait for
+// the next wake or their messages' redelivery (capacity_retry).
+const wakeBudget = 16
+
 // wakeEvery bounds how often presence changes wake a worker's waiting jobs.
 const wakeEvery = 50 * time.Millisecond
 
@@ -116,8 +129,12 @@ func (w *worker) expandWakes(batch []input) []input {
 		for id := range w.waiting {
 			ids = append(ids, id)
 		}
-		slices.SortFunc(ids, func(a, b string) int { return cmp.Compare(w.waiting[a], w.waiting[b]) })
-		for _, id := range ids {
+		// Fewest steps in flight first, then the longest waiting.
+		slices.SortFunc(ids, func(a, b string) int {
+			wa, wb := w.waiting[a], w.waiting[b]
+			return cmp.Or(cmp.Compare(wa.inFlight, wb.inFlight), wa.since.Compare(wb.since))
+		})
+		for _, id := range ids[:min(len(ids), wakeBudget)] {
 			out = append(out, input{kind: inWake, job: id})
 		}
 	}
@@ -125,7 +142,7 @@ func (w *worker) expandWakes(batch []input) []input {
 }
 
 func newWorker(s *Scheduler) *worker {
-	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]int{}, log: s.log,
+	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]waiter{}, log: s.log,
 		ctx: context.Background(), gated: map[string]time.Time{}, wakes: map[string]time.Time{}}
 }
 
@@ -439,7 +456,12 @@ func (w *worker) finish(jt *jobTurn) {
 		// backoff wakes its own job (workflow.go), and waking every gated
 		// job at each freed slot stormed the concurrency key's record.
 		if jt.agentWait {
-			w.waiting[jt.id] = jt.js.inFlight()
+			wt, ok := w.waiting[jt.id]
+			if !ok {
+				wt.since = w.s.now()
+			}
+			wt.inFlight = jt.js.inFlight()
+			w.waiting[jt.id] = wt
 		} else {
 			delete(w.waiting, jt.id)
 		}
