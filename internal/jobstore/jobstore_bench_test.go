@@ -110,37 +110,3 @@ func BenchmarkStepCodec(b *testing.B) {
 		}
 	})
 }
-
-// BenchmarkJobRecordWrite encodes a single-step job's record as the
-// scheduler writes it (the step inline): "first" is a job's first write,
-// which encodes its spec, "again" a later write of the same job, which
-// reuses that encoding.
-func BenchmarkJobRecordWrite(b *testing.B) {
-	steps := benchSteps(b, 1, false)
-	sp := spec.Job{Name: "bench", Steps: []spec.Step{{ID: "s0", Action: "echo", Params: map[string]any{"message": "hi"}}}}
-	job := func() *jobstore.Job {
-		j := jobstore.NewJob("job-1", sp, time.Now())
-		j.Inline, j.Steps = true, steps
-		return j
-	}
-	b.Run("first", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := json.Marshal(job()); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("again", func(b *testing.B) {
-		j := job()
-		if _, err := json.Marshal(j); err != nil {
-			b.Fatal(err)
-		}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := json.Marshal(j); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}

@@ -79,35 +79,7 @@ type Job struct {
 	// undone once every step has stopped (client.CancelCompensate).
 	CompensateOnCancel bool    `json:"compensate_on_cancel,omitempty"`
 	Steps              []*Step `json:"steps,omitempty"`
-
-	// specJSON caches Spec's encoding (MarshalJSON): a job record is
-	// written at least twice and its spec, most of it, does not change
-	// (SpecChanged says when it does). Encoding it each time was a tenth
-	// of the scheduler's CPU at full load.
-	specJSON json.RawMessage
 }
-
-// jobFields is Job without its methods.
-type jobFields Job
-
-// MarshalJSON encodes the job, its spec encoded once per Job value.
-func (j *Job) MarshalJSON() ([]byte, error) {
-	if j.specJSON == nil {
-		b, err := json.Marshal(j.Spec)
-		if err != nil {
-			return nil, err
-		}
-		j.specJSON = b
-	}
-	return json.Marshal(struct {
-		*jobFields
-		Spec json.RawMessage `json:"spec"`
-	}{(*jobFields)(j), j.specJSON})
-}
-
-// SpecChanged must follow any change to j.Spec: the next encoding reads
-// it afresh.
-func (j *Job) SpecChanged() { j.specJSON = nil }
 
 // Attempt is one execution of a step: the retry chain.
 type Attempt struct {

@@ -68,7 +68,6 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 	}
 	j.ForwardSteps = len(j.Spec.Steps)
 	j.Spec.Steps = append(j.Spec.Steps, specs...)
-	j.SpecChanged()
 	j.State, j.UpdatedAt = jobstore.JobCompensating, now
 	js.dirtyJob = true
 	for k, st := range recs {
