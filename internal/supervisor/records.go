@@ -20,6 +20,16 @@ import (
 // write of each key first, then every new write. It never decodes a record
 // that carries the headers; a record written without them (before the
 // headers existed) is read once and only five fields of it decoded.
+//
+// The consumer filters on the whole bucket (its stream's one subject), not
+// on job.* and step.*.*: the bucket holds only those keys (docs/protocol.md),
+// and nats-server (2.11-2.15 at least) looks up the next message of a
+// consumer with two or more filters by walking every subject of the current
+// file block (msgBlock.firstMatchingMulti) for each message it delivers. On
+// a store left with many finished jobs, whose early blocks are sparse (history
+// 1), that made a fresh supervisor spend seconds on 20,000 jobs; with one
+// filter equal to the stream's subject the server reads the blocks linearly.
+// A key of any other form is skipped here, before it is looked at.
 type follower struct {
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
@@ -35,7 +45,7 @@ func (f *follower) run(ctx context.Context, out chan<- Record, loaded func()) er
 	stream := "KV_" + f.kv.Bucket()
 	prefix := "$KV." + f.kv.Bucket() + "."
 	cons, err := f.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + "job.*", prefix + "step.*.*"},
+		FilterSubjects: []string{prefix + ">"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		HeadersOnly:    true,
 	})
@@ -65,12 +75,14 @@ func (f *follower) run(ctx context.Context, out chan<- Record, loaded func()) er
 		if err != nil {
 			continue
 		}
-		r, ok := f.record(ctx, strings.TrimPrefix(m.Subject(), prefix), m.Headers(), md.Timestamp)
-		if ok {
-			select {
-			case out <- r:
-			case <-ctx.Done():
-				return nil
+		key := strings.TrimPrefix(m.Subject(), prefix)
+		if _, _, _, known := parseKey(key); known {
+			if r, ok := f.record(ctx, key, m.Headers(), md.Timestamp); ok {
+				select {
+				case out <- r:
+				case <-ctx.Done():
+					return nil
+				}
 			}
 		}
 		if loaded != nil && md.NumPending == 0 {
@@ -85,6 +97,13 @@ func (f *follower) record(ctx context.Context, key string, h nats.Header, writte
 	r := Record{Key: key, Written: written}
 	switch h.Get(kvOperation) {
 	case "DEL", "PURGE":
+		r.Deleted = true
+		return r, true
+	}
+	if h.Get(jetstream.MarkerReasonHeader) != "" {
+		// The server's marker for a record removed by its TTL (a finished
+		// job's retention) or a purge: the key is gone. Without this it
+		// would be read as a record without headers, one Get each.
 		r.Deleted = true
 		return r, true
 	}

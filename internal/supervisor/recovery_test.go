@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,4 +103,197 @@ func TestLeadsOverTwentyThousandFinishedJobsFromHeaders(t *testing.T) {
 		st := b.step(t, "job-stuck", "s")
 		return st != nil && st.State == jobstore.StepPending && st.Attempts[0].Status == "lease_expired"
 	})
+}
+
+// writeHistory leaves n finished jobs in the store the way schedulers leave
+// them: each record written three times (accepted, dispatched, finished with
+// its retention TTL), so that the bucket's stream (history 1) is sparse, and
+// every fourth job with three step records of its own beside its record.
+func writeHistory(t *testing.T, store *jobstore.Store, prefix string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now().UTC().Add(-time.Hour)
+	sp1 := spec.Job{Name: "one", Steps: []spec.Step{{ID: "s", Action: "noop"}}}
+	sp3 := spec.Job{Name: "three", Steps: []spec.Step{{ID: "a", Action: "noop"}, {ID: "b", Action: "noop"}, {ID: "c", Action: "noop"}}}
+	const chunk = 500
+	for lo := 0; lo < n; lo += chunk {
+		type rec struct {
+			job   *jobstore.Job
+			steps []*jobstore.Step
+			revs  []uint64 // the job's, then each step's
+		}
+		var recs []*rec
+		for i := lo; i < min(lo+chunk, n); i++ {
+			sp := sp1
+			if i%4 == 3 {
+				sp = sp3
+			}
+			j := jobstore.NewJob(fmt.Sprintf("%s-%05d", prefix, i), sp, now)
+			steps, err := jobstore.NewSteps(j.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &rec{job: j, steps: steps}
+			if len(steps) == 1 {
+				j.Inline, j.Steps, r.steps = true, steps, nil
+			}
+			recs = append(recs, r)
+		}
+		round := func(change func(r *rec)) {
+			b := store.Batch()
+			for _, r := range recs {
+				change(r)
+				rev := uint64(0)
+				if len(r.revs) > 0 {
+					rev = r.revs[0]
+				}
+				b.Add(store.JobWrite(r.job, rev))
+				for i, st := range r.steps {
+					rev = 0
+					if len(r.revs) > 0 {
+						rev = r.revs[1+i]
+					}
+					b.Add(store.StepWrite(st, rev))
+				}
+			}
+			res := b.Wait(ctx)
+			k := 0
+			for _, r := range recs {
+				r.revs = r.revs[:0]
+				for range 1 + len(r.steps) {
+					if res[k].Err != nil {
+						t.Fatal(res[k].Err)
+					}
+					r.revs = append(r.revs, res[k].Rev)
+					k++
+				}
+			}
+		}
+		round(func(*rec) {})
+		round(func(r *rec) {
+			r.job.State = jobstore.JobRunning
+			for _, st := range append(r.steps, r.job.Steps...) {
+				if err := st.Dispatch("agent-1", protocol.NewLeaseToken(), now, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+		round(func(r *rec) {
+			r.job.State = jobstore.JobSucceeded
+			for _, st := range append(r.steps, r.job.Steps...) {
+				st.State = jobstore.StepSucceeded
+			}
+		})
+	}
+}
+
+// Issue 14: a freshly started supervisor over a store full of finished jobs
+// still finds every kind of unfinished work written among them: a step
+// record and an inline step whose leases ended (released), a pending step
+// record, and a job a scheduler died writing (its record, no step records
+// yet): for the last two it asks a scheduler to advance the job.
+func TestFreshSupervisorFindsUnfinishedWorkAmongFinishedJobs(t *testing.T) {
+	t.Parallel()
+	srv, nc, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A scheduler stand-in: it records what it is asked to advance.
+	var mu sync.Mutex
+	asked := map[string]bool{}
+	sub, err := nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+		mu.Lock()
+		asked[string(m.Data)] = true
+		mu.Unlock()
+		_ = m.Respond(protocol.OKReply("advanced"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	writeHistory(t, store, "done-a", 2000)
+	now := time.Now().UTC()
+	long := now.Add(-time.Hour)
+	sp2 := spec.Job{Name: "two", Steps: []spec.Step{{ID: "a", Action: "noop"}, {ID: "b", Action: "noop"}}}
+	newJob := func(id string, sp spec.Job) (*jobstore.Job, []*jobstore.Step) {
+		j := jobstore.NewJob(id, sp, long)
+		j.State = jobstore.JobRunning
+		steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, steps
+	}
+	// A step record whose lease ended an hour ago, its sibling finished.
+	j, steps := newJob("job-lease", sp2)
+	if _, err := store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State = jobstore.StepSucceeded
+	if err := steps[1].Dispatch("gone", protocol.NewLeaseToken(), long, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An inline step whose lease ended.
+	j, steps = newJob("job-inline", spec.Job{Name: "one", Steps: []spec.Step{{ID: "s", Action: "noop"}}})
+	if err := steps[0].Dispatch("gone", protocol.NewLeaseToken(), long, 0); err != nil {
+		t.Fatal(err)
+	}
+	j.Inline, j.Steps = true, steps
+	if _, err := store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	// A pending step record no scheduler dispatched.
+	j, steps = newJob("job-pending", sp2)
+	if _, err := store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CreateStep(ctx, steps[0]); err != nil {
+		t.Fatal(err)
+	}
+	// A job whose scheduler died after writing its record, before its steps.
+	j, _ = newJob("job-midway", sp2)
+	if _, err := store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	writeHistory(t, store, "done-b", 2000)
+
+	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	v := b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour),
+		RecoveryGrace: protocol.Duration(200 * time.Millisecond)})
+	select {
+	case <-v.Leading():
+	case <-time.After(60 * time.Second):
+		t.Fatal("not leading after 60s")
+	}
+	released := func(job, step string) func() bool {
+		return func() bool {
+			st := b.step(t, job, step)
+			return st != nil && st.State == jobstore.StepPending && len(st.Attempts) > 0 &&
+				st.Attempts[len(st.Attempts)-1].Status == "lease_expired"
+		}
+	}
+	natstest.Eventually(t, 20*time.Second, "the step record's expired lease is recovered", released("job-lease", "b"))
+	natstest.Eventually(t, 20*time.Second, "the inline step's expired lease is recovered", released("job-inline", "s"))
+	for _, job := range []string{"job-pending", "job-midway", "job-lease", "job-inline"} {
+		natstest.Eventually(t, 20*time.Second, "a scheduler is asked to advance "+job, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return asked[job]
+		})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for job := range asked {
+		if strings.HasPrefix(job, "done-") {
+			t.Errorf("asked to advance finished job %s", job)
+		}
+	}
 }
