@@ -33,12 +33,21 @@ type recovery struct {
 func (r *recovery) run(ctx context.Context) error {
 	idx := NewIndex(r.grace)
 	records := make(chan Record, 4096)
-	loaded := make(chan struct{})
 	errc := make(chan error, 1)
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	f := &follower{js: r.term.js, kv: r.store.KV(), log: r.log}
-	go func() { errc <- f.run(fctx, records, func() { close(loaded) }) }()
+	// The follower says it has sent every stored write with a record
+	// without a key, behind those writes on the same channel: a separate
+	// signal could be taken while writes still wait in the buffer, and
+	// the index be called built before it holds them.
+	loaded := func() {
+		select {
+		case records <- Record{}:
+		case <-fctx.Done():
+		}
+	}
+	go func() { errc <- f.run(fctx, records, loaded) }()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	built := false
@@ -54,9 +63,11 @@ func (r *recovery) run(ctx context.Context) error {
 		case job := <-r.adv.retries:
 			idx.RetryAdvance(job, r.term.now().Add(r.retry))
 		case rec := <-records:
-			idx.Observe(rec)
-		case <-loaded:
-			loaded, built = nil, true
+			if rec.Key != "" {
+				idx.Observe(rec)
+				break
+			}
+			built = true
 			r.log.Info().Int("unfinished_records", idx.Size()).Int("scheduled", idx.Len()).Msg("recovery index built")
 			close(r.built)
 		case <-timer.C:
