@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -39,7 +40,10 @@ type AnnouncerConfig struct {
 	TTL time.Duration
 	// Presence returns the value of the next heartbeat. HeartbeatAt is set
 	// by the Announcer, and so are HeartbeatInterval (to Interval) and
-	// Utilisation (sampled, see Usage) when the value leaves them unset.
+	// Utilisation (sampled, see Usage, in whole percent) when the value
+	// leaves them unset. Readers decode a record again only when it
+	// changed in more than heartbeat_at, so keep what it returns stable
+	// between heartbeats when nothing material changed.
 	// Required.
 	Presence func() protocol.Presence
 	// Now is the clock. Defaults to time.Now.
@@ -356,7 +360,13 @@ func (a *Announcer) value() ([]byte, error) {
 		p.HeartbeatInterval = protocol.Duration(a.cfg.Interval)
 	}
 	if p.Utilisation == nil {
-		p.Utilisation = a.usage.Sample(time.Now())
+		if u := a.usage.Sample(time.Now()); u != nil {
+			// Whole percent: finer changes mean nothing to health, and a
+			// record that does not change between heartbeats is a cheap
+			// liveness refresh for every reader (View: Change.Beat).
+			v := math.Round(*u*100) / 100
+			p.Utilisation = &v
+		}
 	}
 	b, err := json.Marshal(p)
 	if err != nil {
