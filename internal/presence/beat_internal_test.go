@@ -69,3 +69,34 @@ func TestOnlyHeartbeatChanged(t *testing.T) {
 		t.Error("a record with heartbeat_at twice taken for a liveness refresh")
 	}
 }
+
+func TestUtilisationReportedOnMaterialChange(t *testing.T) {
+	t.Parallel()
+	a := &Announcer{}
+	f := func(v float64) *float64 { return &v }
+	if got := a.utilisation(nil); got != nil {
+		t.Fatalf("no sample yet: %v", *got)
+	}
+	for i, c := range []struct {
+		sample float64
+		want   float64
+	}{
+		{0.1234, 0.12}, // first sample, whole percent
+		{0.1512, 0.12}, // jitter below the step: the same record
+		{0.0811, 0.12}, // still within the step
+		{0.1801, 0.18}, // moved by a step: reported
+		{0.95, 0.95},   // busy
+		{0.9049, 0.95}, // still busy enough
+		{0.8999, 0.9},  // a step down
+		{0.0000, 0.0},  // idle
+		{0.0499, 0.0},  // noise
+	} {
+		got := a.utilisation(f(c.sample))
+		if got == nil || *got != c.want {
+			t.Fatalf("sample %d (%v): reported %v, want %v", i, c.sample, got, c.want)
+		}
+	}
+	if got := a.utilisation(nil); got == nil {
+		t.Fatal("a missing sample dropped the value reported last")
+	}
+}
