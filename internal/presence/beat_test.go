@@ -97,6 +97,12 @@ func TestViewLivenessRefreshes(t *testing.T) {
 		got := view.Pool("p")
 		return len(got) == 1 && got[0].HeartbeatAt.Equal(b.HeartbeatAt)
 	})
+	if got, ok := view.Get(protocol.PresenceKey("p", "a1")); !ok || got.ID != "a1" || got.HeartbeatAt.IsZero() {
+		t.Fatalf("Get a1: %+v, %v", got, ok)
+	}
+	if _, ok := view.Get(protocol.PresenceKey("p", "nobody")); ok {
+		t.Fatal("Get found an agent that never announced")
+	}
 	if fed.observed.Load() < 4 {
 		t.Fatalf("sinks observed %d records, want every refresh", fed.observed.Load())
 	}

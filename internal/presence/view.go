@@ -307,6 +307,15 @@ func (v *View) Agents() []protocol.Presence {
 	return out
 }
 
+// Get returns the agent with presence key key (protocol.PresenceKey), if
+// present.
+func (v *View) Get(key string) (protocol.Presence, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	p, ok := v.agents[key]
+	return p, ok
+}
+
 // Pool returns the present agents of one pool.
 func (v *View) Pool(pool string) []protocol.Presence {
 	v.mu.RLock()
