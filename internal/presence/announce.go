@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -39,7 +40,10 @@ type AnnouncerConfig struct {
 	TTL time.Duration
 	// Presence returns the value of the next heartbeat. HeartbeatAt is set
 	// by the Announcer, and so are HeartbeatInterval (to Interval) and
-	// Utilisation (sampled, see Usage) when the value leaves them unset.
+	// Utilisation (sampled, see Usage and UtilisationStep) when the value
+	// leaves them unset. Readers decode a record again only when it
+	// changed in more than heartbeat_at, so keep what it returns stable
+	// between heartbeats when nothing material changed.
 	// Required.
 	Presence func() protocol.Presence
 	// Now is the clock. Defaults to time.Now.
@@ -84,7 +88,8 @@ type Announcer struct {
 	mu  sync.Mutex // serialises writes to the key and guards rev
 	rev uint64     // revision of our last successful write
 
-	usage Usage // samples Utilisation between heartbeats
+	usage    Usage    // samples Utilisation between heartbeats
+	lastUtil *float64 // the utilisation reported last; guarded by mu
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -356,13 +361,36 @@ func (a *Announcer) value() ([]byte, error) {
 		p.HeartbeatInterval = protocol.Duration(a.cfg.Interval)
 	}
 	if p.Utilisation == nil {
-		p.Utilisation = a.usage.Sample(time.Now())
+		p.Utilisation = a.utilisation(a.usage.Sample(time.Now()))
 	}
 	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, fmt.Errorf("presence: encode: %w", err)
 	}
 	return b, nil
+}
+
+// UtilisationStep is how far the sampled utilisation must move before a
+// heartbeat reports the new value: a record that does not change between
+// heartbeats is a cheap liveness refresh for every reader (View:
+// Change.Beat), and CPU use sampled over one interval jitters by a few
+// percent even when the agent is idle. Health only compares utilisation
+// with a threshold (utilisation_ok, default 0.8).
+const UtilisationStep = 0.05
+
+// utilisation is what a heartbeat reports for the sample u: u in whole
+// percent, unless the value reported last is within UtilisationStep of it.
+// Callers hold a.mu.
+func (a *Announcer) utilisation(u *float64) *float64 {
+	if u == nil {
+		return a.lastUtil
+	}
+	if a.lastUtil != nil && math.Abs(*u-*a.lastUtil) < UtilisationStep {
+		return a.lastUtil
+	}
+	v := math.Round(*u*100) / 100
+	a.lastUtil = &v
+	return a.lastUtil
 }
 
 // isOurs tells our own value from a duplicate's: same host, pid and start.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -228,6 +229,11 @@ func TestAnnouncerFillsIntervalAndUtilisation(t *testing.T) {
 		return err == nil && p.HeartbeatInterval.Std() == testInterval && p.Utilisation != nil &&
 			*p.Utilisation >= 0 && *p.Utilisation <= 1
 	})
+	// Sampled utilisation is in whole percent, so that an idle agent's
+	// record does not change between heartbeats.
+	if p, _, err := getPresence(t, kv); err != nil || math.Abs(*p.Utilisation*100-math.Round(*p.Utilisation*100)) > 1e-9 {
+		t.Fatalf("utilisation not in whole percent: %+v, %v", p.Utilisation, err)
+	}
 
 	kv2 := setupKV(t)
 	own := 0.7

@@ -1,6 +1,7 @@
 package presence
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,10 @@ type Change struct {
 	// Resync is true when the change was found by re-reading the bucket
 	// after a gap in the watch (see View.Settled before judging from it).
 	Resync bool
+	// Beat is true when the record differs from the agent's previous one
+	// only in heartbeat_at: a liveness refresh. Presence is then the
+	// previous record with the new HeartbeatAt, not decoded again.
+	Beat bool
 }
 
 // View keeps the present agents in memory from a watch of the bucket
@@ -41,6 +46,7 @@ type View struct {
 
 	mu       sync.RWMutex
 	agents   map[string]protocol.Presence
+	raw      map[string][]byte // each agent's record as last applied; only the watch goroutine uses it
 	onChange []func(Change)
 	sinks    []Sink
 
@@ -89,7 +95,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, log zerolog.Logger, op
 	if err != nil {
 		return nil, fmt.Errorf("presence view: %w", err)
 	}
-	v := &View{w: w, log: log, agents: map[string]protocol.Presence{}}
+	v := &View{w: w, log: log, agents: map[string]protocol.Presence{}, raw: map[string][]byte{}}
 	for _, o := range opts {
 		o(v)
 	}
@@ -178,10 +184,26 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 		// A key a re-sync found missing counts as expired.
 		c.Expired = e.Op == jetstream.KeyValuePurge
 		delete(v.agents, e.Key)
+		delete(v.raw, e.Key)
 		return c, true
 	}
+	val := e.Entry.Value()
+	if old, ok := v.raw[e.Key]; ok {
+		if at, same := onlyHeartbeatChanged(old, val); same {
+			// A liveness refresh: the record was decoded and validated
+			// when it last changed; only heartbeat_at is new.
+			v.mu.Lock()
+			defer v.mu.Unlock()
+			p := v.agents[e.Key]
+			p.HeartbeatAt = at
+			v.agents[e.Key] = p
+			v.raw[e.Key] = val
+			c.Presence, c.Beat = p, true
+			return c, true
+		}
+	}
 	var p protocol.Presence
-	if err := json.Unmarshal(e.Entry.Value(), &p); err != nil {
+	if err := json.Unmarshal(val, &p); err != nil {
 		v.reject(e, &protocol.PresenceError{Key: e.Key, Reason: "undecodable", Detail: err.Error()})
 		return c, false
 	}
@@ -192,8 +214,41 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.agents[e.Key] = p
+	v.raw[e.Key] = val
 	c.Presence = p
 	return c, true
+}
+
+// heartbeatField starts the heartbeat_at member as encoding/json writes it
+// (the SDK's Announcer, and any writer without spaces around the colon).
+var heartbeatField = []byte(`"heartbeat_at":"`)
+
+// onlyHeartbeatChanged reports whether record b is record a with another
+// heartbeat_at, and returns b's heartbeat_at. It compares bytes: equal
+// records decode equally, so b need not be decoded or validated again.
+// Anything it is not sure of (the member absent, written differently, or
+// present twice, e.g. also as a label) is reported as a change, and the
+// caller decodes b in full.
+func onlyHeartbeatChanged(a, b []byte) (time.Time, bool) {
+	i := bytes.Index(b, heartbeatField)
+	if i < 0 || len(a) < i+len(heartbeatField) || !bytes.Equal(a[:i+len(heartbeatField)], b[:i+len(heartbeatField)]) {
+		return time.Time{}, false
+	}
+	start := i + len(heartbeatField)
+	endA := bytes.IndexByte(a[start:], '"')
+	endB := bytes.IndexByte(b[start:], '"')
+	if endA < 0 || endB < 0 {
+		return time.Time{}, false
+	}
+	rest := b[start+endB:]
+	if !bytes.Equal(a[start+endA:], rest) || bytes.Contains(rest, heartbeatField) {
+		return time.Time{}, false
+	}
+	var at time.Time
+	if err := at.UnmarshalJSON(b[start-1 : start+endB+1]); err != nil {
+		return time.Time{}, false
+	}
+	return at, true
 }
 
 // reject logs a record that is not used and queues its event.
@@ -250,6 +305,15 @@ func (v *View) Agents() []protocol.Presence {
 		return out[i].ID < out[j].ID
 	})
 	return out
+}
+
+// Get returns the agent with presence key key (protocol.PresenceKey), if
+// present.
+func (v *View) Get(key string) (protocol.Presence, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	p, ok := v.agents[key]
+	return p, ok
 }
 
 // Pool returns the present agents of one pool.

@@ -126,12 +126,11 @@ func (s *suspects) judge(ctx context.Context, key string, sp suspect) error {
 // view lacks it, from a direct read of its presence key (a view that missed
 // the agent's return must not fail it over).
 func (s *suspects) present(ctx context.Context, pool, agent string) (bool, error) {
-	for _, p := range s.view.Pool(pool) {
-		if p.ID == agent {
-			return true, nil
-		}
+	key := protocol.PresenceKey(pool, agent)
+	if _, ok := s.view.Get(key); ok {
+		return true, nil
 	}
-	e, err := s.presence.Get(ctx, protocol.PresenceKey(pool, agent))
+	e, err := s.presence.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 		return false, nil
