@@ -153,6 +153,29 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 	return got, suspects, batch.Error()
 }
 
+// repullOnReconnect ends the pull request in progress whenever the
+// connection comes back, until ctx ends: a server that restarted has
+// forgotten it, and the client would notice only when two of the
+// request's 5 s heartbeats had failed to come. Tasks waited ~10 s after
+// every nats-server restart (the chaos suite's "longest wait for a
+// dispatch"); the dispatch loop now asks again at once.
+func (a *Agent) repullOnReconnect(ctx context.Context) {
+	ch := a.nc.StatusChanged(nats.CONNECTED)
+	defer a.nc.RemoveStatusListener(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return // the connection closed
+			}
+			a.log.Debug().Msg("reconnected: pulling again")
+			a.stopPull()
+		}
+	}
+}
+
 // stopPull ends the pull request in progress, if any.
 func (a *Agent) stopPull() {
 	if c := a.pullCancel.Load(); c != nil {

@@ -81,6 +81,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer close(dispatched)
 		a.dispatch(fetchCtx, workCtx, &tasks)
 	}()
+	repulled := make(chan struct{})
+	go func() {
+		defer close(repulled)
+		a.repullOnReconnect(fetchCtx)
+	}()
 
 	var runErr error
 	select {
@@ -92,6 +97,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	stopFetch()
 	<-dispatched
+	<-repulled
 	a.drain(ann, &tasks, stopWork)
 	a.stopCluster()
 
