@@ -59,6 +59,9 @@ type Agent struct {
 	running sync.Map // "<job>.<step>.<epoch>" -> context.CancelCauseFunc
 	// pullCancel ends the pull request in progress (dispatch.go).
 	pullCancel atomic.Pointer[context.CancelFunc]
+	// reconnected cuts short a retry's wait after a failed pull
+	// (repullOnReconnect).
+	reconnected chan struct{}
 	// hooks are test-only behaviours (pkg/agent/agenttest); nil otherwise.
 	hooks *testhook.Hooks
 	// clu is the agent's cluster membership (cluster.go), when configured.
@@ -84,7 +87,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), iso: newIsolation(cfg.MaxConcurrent)}
+	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), reconnected: make(chan struct{}, 1), iso: newIsolation(cfg.MaxConcurrent)}
 	a.limit.Store(int32(cfg.MaxConcurrent))
 	for _, o := range opts {
 		o(a)

@@ -80,7 +80,7 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				continue
 			}
 			a.log.Warn().Err(err).Dur("retry_in", backoff).Msg("pull tasks failed")
-			if !sleepCtx(fetchCtx, backoff) {
+			if !a.retryWait(fetchCtx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, maxFetchBackoff)
@@ -172,8 +172,28 @@ func (a *Agent) repullOnReconnect(ctx context.Context) {
 			}
 			a.log.Debug().Msg("reconnected: pulling again")
 			a.stopPull()
+			select { // and no retry waits out its backoff (retryWait)
+			case a.reconnected <- struct{}{}:
+			default:
+			}
 		}
 	}
+}
+
+// retryWait waits d after a failed pull, or less if the connection came
+// back meanwhile (or just before: one extra pull costs nothing): pulls
+// fail while a server restarts, and the backoff had grown to seconds by
+// the time it was back. It reports false if ctx ended.
+func (a *Agent) retryWait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-a.reconnected:
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // stopPull ends the pull request in progress, if any.
