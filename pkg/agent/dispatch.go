@@ -196,6 +196,20 @@ func (a *Agent) retryWait(ctx context.Context, d time.Duration) bool {
 	return true
 }
 
+// loopRequest is the context of a request the dispatch loop makes between
+// pulls (consumer info): at most setupTimeout, and ended like a pull
+// request by stopPull, so by a reconnect. A request lost in a server
+// restart otherwise held the loop, and every task for the agent, for the
+// whole setupTimeout (10 s; seen in the chaos suite after restarts).
+func (a *Agent) loopRequest(ctx context.Context) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	a.pullCancel.Store(&cancel)
+	return rctx, func() {
+		a.pullCancel.Store(nil)
+		cancel()
+	}
+}
+
 // stopPull ends the pull request in progress, if any.
 func (a *Agent) stopPull() {
 	if c := a.pullCancel.Load(); c != nil {
@@ -208,7 +222,7 @@ func (a *Agent) stopPull() {
 // redelivery (a crashed run's), or lost in transit (see ghosts.go). If the
 // consumer cannot be read it reports false: pulls go on as usual.
 func (a *Agent) unackedElsewhere(ctx context.Context, held int) bool {
-	ictx, cancel := context.WithTimeout(ctx, setupTimeout)
+	ictx, cancel := a.loopRequest(ctx)
 	defer cancel()
 	info, err := a.cons.Info(ictx)
 	if err != nil {

@@ -31,7 +31,7 @@ func (a *Agent) checkGhosts(ctx context.Context) {
 	}
 	lease := a.cfg.Lease.Std()
 	a.ghosts.next = now.Add(lease)
-	ictx, cancel := context.WithTimeout(ctx, setupTimeout)
+	ictx, cancel := a.loopRequest(ctx)
 	defer cancel()
 	info, err := a.cons.Info(ictx)
 	if err != nil {
