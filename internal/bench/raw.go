@@ -23,10 +23,7 @@ func (e *Env) runRaw(tb *runTB) {
 		Storage: jetstream.FileStorage, Replicas: 1, Retention: jetstream.WorkQueuePolicy}); err != nil {
 		tb.Fatalf("create stream: %v", err)
 	}
-	payload := make([]byte, payloadSize)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
+	payload := filler(payloadSize)
 	dur := pick(e, 3*time.Second, time.Second)
 	const sec = "raw JetStream"
 
@@ -114,4 +111,13 @@ func (e *Env) runRaw(tb *runTB) {
 		Note: fmt.Sprintf("p50 %.3f ms, p99 %.3f ms", ms(percentile(lat, 50)), ms(percentile(lat, 99)))})
 	e.rep.Add(Figure{Section: sec, Key: "raw_kv_put_p99_ms", Label: "KV put p99", Value: ms(percentile(lat, 99)), Unit: "ms"})
 	e.logf("raw: kv put %.0f/s", rate)
+}
+
+// filler is n bytes of letters: a message body of a given size.
+func filler(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'a' + byte(i%26)
+	}
+	return b
 }
