@@ -242,13 +242,7 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 			return nil, fmt.Errorf("list jobs: %w", err)
 		}
 		h := m.Headers()
-		switch {
-		case h.Get("KV-Operation") == "DEL" || h.Get("KV-Operation") == "PURGE":
-		case h.Get(jetstream.MarkerReasonHeader) != "":
-			// The server's marker for a record its TTL removed (a finished
-			// job past retention), kept an hour: the job is gone. Read as a
-			// record without headers it cost one Get each.
-		default:
+		if !Removed(h) {
 			id := strings.TrimPrefix(m.Subject(), prefix)
 			e, ok := entryFromHeaders(id, h, md)
 			if ok {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -44,6 +45,15 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 	return e, nil
 }
 
+// Removed reports whether a message of the bucket's stream says its key
+// is gone: a KV delete or purge, or the server's marker for a record its
+// TTL (a finished job's retention) or a purge removed, which carries
+// Nats-Marker-Reason and none of Warden's headers (kept an hour).
+func Removed(h nats.Header) bool {
+	op := h.Get("KV-Operation")
+	return op == "DEL" || op == "PURGE" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
 // toEntry turns a direct-get reply into an entry; ok is false for a delete,
 // purge or expiry marker.
 func toEntry(m *nats.Msg) (entry, bool, error) {
@@ -52,7 +62,7 @@ func toEntry(m *nats.Msg) (entry, bool, error) {
 	if err != nil || !strings.HasPrefix(subj, kvPrefix) {
 		return entry{}, false, fmt.Errorf("unexpected direct get reply (subject %q, sequence %q)", subj, m.Header.Get("Nats-Sequence"))
 	}
-	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" || m.Header.Get("Nats-Marker-Reason") != "" {
+	if Removed(m.Header) {
 		return entry{}, false, nil
 	}
 	return entry{key: strings.TrimPrefix(subj, kvPrefix), rev: seq, data: m.Data}, true, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -35,9 +36,6 @@ type follower struct {
 	kv  jetstream.KeyValue
 	log zerolog.Logger
 }
-
-// kvOperation is the header a KV delete or purge marker carries.
-const kvOperation = "KV-Operation"
 
 // run sends every write to out until ctx ends; loaded is called once the
 // writes stored when it started have all been sent.
@@ -95,15 +93,8 @@ func (f *follower) run(ctx context.Context, out chan<- Record, loaded func()) er
 // record builds the Record of one write from its headers.
 func (f *follower) record(ctx context.Context, key string, h nats.Header, written time.Time) (Record, bool) {
 	r := Record{Key: key, Written: written}
-	switch h.Get(kvOperation) {
-	case "DEL", "PURGE":
-		r.Deleted = true
-		return r, true
-	}
-	if h.Get(jetstream.MarkerReasonHeader) != "" {
-		// The server's marker for a record removed by its TTL (a finished
-		// job's retention) or a purge: the key is gone. Without this it
-		// would be read as a record without headers, one Get each.
+	if jobstore.Removed(h) {
+		// A marker read as a record without headers would cost one Get.
 		r.Deleted = true
 		return r, true
 	}

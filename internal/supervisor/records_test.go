@@ -20,8 +20,8 @@ func TestFollowerReadsRemovalsFromHeaders(t *testing.T) {
 	f := &follower{log: zerolog.Nop()}
 	t0 := time.Unix(10_000, 0)
 	for _, h := range []nats.Header{
-		{kvOperation: {"DEL"}},
-		{kvOperation: {"PURGE"}},
+		{"KV-Operation": {"DEL"}},
+		{"KV-Operation": {"PURGE"}},
 		{jetstream.MarkerReasonHeader: {"MaxAge"}},
 		{jetstream.MarkerReasonHeader: {"Purge"}},
 		{jetstream.MarkerReasonHeader: {"Remove"}},
