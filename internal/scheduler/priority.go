@@ -193,11 +193,7 @@ func (s *Scheduler) arrived(in *input) {
 		return
 	}
 	sp, err := s.parseSubmission(in)
-	if err != nil {
-		return // its turn rejects it
-	}
-	in.parsed = sp
-	if s.checkRateLimits(sp) != nil {
+	if err != nil || s.checkRateLimits(sp) != nil {
 		return // its turn rejects it
 	}
 	if h := in.msg.Headers(); !schedule.Released(h) {

@@ -37,8 +37,8 @@ type input struct {
 	held []jetstream.Msg
 
 	spec *spec.Job
-	// parsed is the submission's spec as parsed on arrival (priority.go),
-	// so that its turn does not parse it again.
+	// parsed caches parseSubmission's result: a submission parsed on
+	// arrival (priority.go) is not parsed again in its turn.
 	parsed *spec.Job
 	result *protocol.Result
 	// tries counts how often the input met a lost compare-and-set.

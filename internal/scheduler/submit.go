@@ -53,7 +53,7 @@ func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 			Msg: fmt.Sprintf("%q may contain only letters, digits, '_' and '-'", in.job)}
 	}
 	if in.parsed != nil {
-		return in.parsed, nil // checked on arrival
+		return in.parsed, nil // parsed and checked already (on arrival, priority.go)
 	}
 	sp, err := spec.Parse(in.msg.Data(), s.cfg.limits())
 	if err != nil {
@@ -70,6 +70,7 @@ func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 				Msg: fmt.Sprintf("idempotency_key %q makes job id %s, but the submission names %s", sp.IdempotencyKey, want, in.job)}
 		}
 	}
+	in.parsed = sp
 	return sp, nil
 }
 

@@ -91,7 +91,7 @@ func (w *worker) trimCache() {
 
 // waiter is a job waiting for an agent or a slot.
 type waiter struct {
-	inFlight int       // its steps in flight when it began to wait
+	inFlight int       // its steps in flight when it last found no slot
 	since    time.Time // when it began to wait
 }
 
