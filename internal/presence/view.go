@@ -188,26 +188,8 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 		return c, true
 	}
 	val := e.Entry.Value()
-	if old, ok := v.raw[e.Key]; ok {
-		if at, same := onlyHeartbeatChanged(old, val); same {
-			// A liveness refresh: the record was decoded and validated
-			// when it last changed; only heartbeat_at is new.
-			v.mu.Lock()
-			defer v.mu.Unlock()
-			p := v.agents[e.Key]
-			p.HeartbeatAt = at
-			v.agents[e.Key] = p
-			v.raw[e.Key] = val
-			c.Presence, c.Beat = p, true
-			return c, true
-		}
-	}
-	var p protocol.Presence
-	if err := json.Unmarshal(val, &p); err != nil {
-		v.reject(e, &protocol.PresenceError{Key: e.Key, Reason: "undecodable", Detail: err.Error()})
-		return c, false
-	}
-	if err := protocol.ValidatePresence(e.Key, p, v.shards); err != nil {
+	p, beat, err := v.decode(e.Key, val)
+	if err != nil {
 		v.reject(e, err)
 		return c, false
 	}
@@ -215,8 +197,26 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 	defer v.mu.Unlock()
 	v.agents[e.Key] = p
 	v.raw[e.Key] = val
-	c.Presence = p
+	c.Presence, c.Beat = p, beat
 	return c, true
+}
+
+// decode returns the record val holds: the agent's previous one with the
+// new heartbeat_at when nothing else changed (a liveness refresh: it was
+// decoded and validated when it last changed), else val decoded and
+// validated. Only the watch goroutine calls it, and only it writes agents.
+func (v *View) decode(key string, val []byte) (p protocol.Presence, beat bool, err error) {
+	if old, ok := v.raw[key]; ok {
+		if at, same := onlyHeartbeatChanged(old, val); same {
+			p = v.agents[key]
+			p.HeartbeatAt = at
+			return p, true, nil
+		}
+	}
+	if err := json.Unmarshal(val, &p); err != nil {
+		return p, false, &protocol.PresenceError{Key: key, Reason: "undecodable", Detail: err.Error()}
+	}
+	return p, false, protocol.ValidatePresence(key, p, v.shards)
 }
 
 // heartbeatField starts the heartbeat_at member as encoding/json writes it
