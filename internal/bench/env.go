@@ -53,7 +53,8 @@ type Config struct {
 	// 20,000.
 	HistoryJobs int
 	// ProfileDir, when set, receives CPU profiles of nats-server (its
-	// -profile port) and of this process over the throughput window.
+	// -profile port) and of this process over the throughput, job-shaped
+	// pipeline and scale (idle and targeted) windows.
 	ProfileDir string
 	// Log receives progress lines.
 	Log io.Writer

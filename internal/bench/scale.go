@@ -104,8 +104,10 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	idle := pick(e, 6*time.Second, 3*time.Second)
 	seq0 := streamSeqs(tb, js)["KV_"+protocol.BucketPresence]
 	meter := newCPUMeter(pids)
+	stopIdle := e.startProfiles(tb, srv, k("scale-%d-idle"), idle)
 	time.Sleep(idle)
 	cores := meter.Cores()
+	stopIdle()
 	hb := float64(streamSeqs(tb, js)["KV_"+protocol.BucketPresence]-seq0) / idle.Seconds()
 	f := Figure{Section: sec, Key: k("agents_%d_cpu_cores"), Label: k("%d agents idle: scheduler+supervisor CPU"), Value: cores["scheduler"] + cores["supervisor"], Unit: "cores",
 		Note: fmt.Sprintf("scheduler %.3f, supervisor %.3f, nats-server %.3f, SDK agents %.3f (one process)", cores["scheduler"], cores["supervisor"], cores["server"], cores["fleet"])}
@@ -125,6 +127,7 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	dur := pick(e, 10*time.Second, 5*time.Second)
 	const window = 500
 	meter = newCPUMeter(pids)
+	stopProfiles := e.startProfiles(tb, srv, k("scale-%d"), dur)
 	start := time.Now()
 	submitted := 0
 	for time.Since(start) < dur {
@@ -143,6 +146,7 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	done := track.Count()
 	el := time.Since(start)
 	cores = meter.Cores()
+	stopProfiles()
 	tps := float64(done) / el.Seconds()
 	e.rep.Add(Figure{Section: sec, Key: k("tasks_per_s_%d_agents"), Label: k("%d agents: targeted tasks"), Value: tps, Unit: "tasks/s",
 		Note: fmt.Sprintf("%d single-step jobs pinned round-robin in %s; scheduler %.2f, supervisor %.2f, nats-server %.2f, agents %.2f cores",
