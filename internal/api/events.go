@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -164,7 +165,10 @@ func (s *Server) storeFeed(ctx context.Context, ch chan<- sseEvent, want map[str
 	}
 	return consume(ctx, cons, func(m jetstream.Msg) bool {
 		h := m.Headers()
-		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		if jobstore.Removed(h) {
+			// A delete, a purge, or the server's marker for a finished
+			// job's record its retention removed: no state to show (the
+			// marker read as a job event with an empty state).
 			return true
 		}
 		md, _ := m.Metadata()

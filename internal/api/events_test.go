@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -20,7 +21,7 @@ type sse struct {
 
 // TestEventStream: the stream carries a job-store write as a job event, a
 // step write as a step event, an agent joining and draining, and an audit
-// event with a resumable id.
+// event with a resumable id; a record's expiry marker is not an event.
 func TestEventStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -73,6 +74,15 @@ func TestEventStream(t *testing.T) {
 	if _, err := b.js.PublishMsg(ctx(t), m); err != nil {
 		t.Fatal(err)
 	}
+	// A finished job's record whose retention ran out: the server's
+	// expiry marker is not a job event (it was one, with no state).
+	m = nats.NewMsg("$KV." + protocol.BucketJobs + ".job.expired")
+	m.Header.Set(protocol.HeaderRecordState, "succeeded")
+	m.Header.Set(jetstream.MsgTTLHeader, "1s")
+	m.Data = []byte(`{}`)
+	if _, err := b.js.PublishMsg(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
 	b.event(t, protocol.Event{Kind: "failover", ID: "f1", Agent: "agent-1"})
 	b.agent(t, "default", "agent-7")
 	kv, _ := b.js.KeyValue(ctx(t), protocol.BucketPresence)
@@ -106,8 +116,51 @@ func TestEventStream(t *testing.T) {
 				if e.typ == "agent" && strings.Contains(e.data, `"change":"drained"`) {
 					seen["drained"] = true
 				}
+				if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) {
+					if strings.Contains(e.data, `"state":"succeeded"`) {
+						seen["expiring"] = true // the record itself, before its TTL
+					} else {
+						t.Errorf("a removal marker sent as a job event: %s", e.data)
+					}
+				}
 			default:
-				return len(seen) == 5
+				return len(seen) == 6
+			}
+		}
+	})
+
+	// The marker lands about a second after the record; a job written
+	// once it is on the stream comes after it, so when that job's event
+	// is seen the marker has been passed over (or sent, and reported).
+	stream, err := b.js.Stream(ctx(t), "KV_"+protocol.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "the expiry marker on the stream", func() bool {
+		raw, err := stream.GetLastMsgForSubject(ctx(t), "$KV."+protocol.BucketJobs+".job.expired")
+		return err == nil && raw.Header.Get(jetstream.MarkerReasonHeader) != ""
+	})
+	m = nats.NewMsg("$KV." + protocol.BucketJobs + ".job.after")
+	m.Header.Set(protocol.HeaderRecordState, "running")
+	m.Data = []byte(`{}`)
+	if _, err := b.js.PublishMsg(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "the job written after the marker", func() bool {
+		for {
+			select {
+			case e, ok := <-got:
+				if !ok {
+					t.Fatal("stream ended")
+				}
+				if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) {
+					t.Errorf("a removal marker sent as a job event: %s", e.data)
+				}
+				if e.typ == "job" && strings.Contains(e.data, `"id":"after"`) {
+					return true
+				}
+			default:
+				return false
 			}
 		}
 	})
