@@ -109,6 +109,7 @@ func (e *Env) runThroughput(tb *runTB) {
 	dur := pick(e, 8*time.Second, 4*time.Second)
 	spec := singleStepSpec("noop", "")
 	before := streamSeqs(tb, d.js)
+	delivered := schedulerDeliveries(tb, d.js)
 	base := d.track.Count()
 	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "bench": os.Getpid()})
 	machine := newMachineMeter()
@@ -122,6 +123,7 @@ func (e *Env) runThroughput(tb *runTB) {
 	}
 	time.Sleep(200 * time.Millisecond) // the last acks
 	after := streamSeqs(tb, d.js)
+	delivered = schedulerDeliveries(tb, d.js) - delivered
 	writes, by := writesBetween(before, after)
 	jps := float64(done) / el.Seconds()
 	wpj := float64(writes) / float64(submitted)
@@ -130,6 +132,8 @@ func (e *Env) runThroughput(tb *runTB) {
 	e.rep.Add(atMost(Figure{Section: sec, Key: "writes_per_job", Label: "JetStream writes per job", Value: wpj, Unit: "writes",
 		Note: fmt.Sprintf("%d jobs; counted: stored messages in every stream and bucket but presence, health and leases", submitted)}, 6, "writes"))
 	e.rep.Set("writes_per_job_by_stream", perJob(by, submitted))
+	e.rep.Add(Figure{Section: sec, Key: "scheduler_deliveries_per_job", Label: "scheduler deliveries per job", Value: float64(delivered) / float64(submitted), Unit: "msgs",
+		Note: "submissions and results delivered to the scheduler, redeliveries of jobs waiting for a slot included; 2 without waiting"})
 	e.rep.Add(Figure{Section: sec, Key: "throughput_server_cpu_cores", Label: "nats-server CPU during jobs_per_s", Value: cores["server"], Unit: "cores",
 		Note: fmt.Sprintf("from /proc over the window; machine busy %.0f%% of %d cores (everyone's load included)", 100*busy, runtime.NumCPU())})
 	e.rep.Add(Figure{Section: sec, Key: "throughput_bench_cpu_cores", Label: "Warden (scheduler, supervisor, agents, bench) CPU", Value: cores["bench"], Unit: "cores",

@@ -265,6 +265,30 @@ func streamSeqs(tb *runTB, js jetstream.JetStream) map[string]uint64 {
 	return out
 }
 
+// schedulerDeliveries returns how many messages the scheduler's consumers
+// on WARDEN_SUBMIT and WARDEN_RESULTS have delivered, redeliveries
+// included: a job that never waits for a slot costs two (its submission
+// and its result).
+func schedulerDeliveries(tb *runTB, js jetstream.JetStream) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n uint64
+	for _, stream := range []string{"WARDEN_SUBMIT", "WARDEN_RESULTS"} {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			tb.Fatalf("stream %s: %v", stream, err)
+		}
+		l := st.ListConsumers(ctx)
+		for info := range l.Info() {
+			n += info.Delivered.Consumer
+		}
+		if err := l.Err(); err != nil {
+			tb.Fatalf("list consumers of %s: %v", stream, err)
+		}
+	}
+	return n
+}
+
 // background are the streams written per agent or per process over time,
 // not per job: presence heartbeats, health assessments, leader leases.
 var background = map[string]bool{"KV_" + protocol.BucketPresence: true, "KV_" + protocol.BucketHealth: true, "KV_" + protocol.BucketLeases: true}
