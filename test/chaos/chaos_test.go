@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -174,6 +175,9 @@ func TestChaos(t *testing.T) {
 		for _, id := range stuck[:min(len(stuck), 10)] {
 			t.Errorf("job %s not terminal after %s: %s", id, p.drain, describeJob(ctx, store, id))
 		}
+		if path := dumpJobLogs(c, stuck[:min(len(stuck), 10)]); path != "" {
+			t.Logf("every process's log lines about the stuck jobs: %s", path)
+		}
 		t.Fatalf("%d of %d accepted jobs not terminal", len(stuck), len(ids))
 	}
 
@@ -286,6 +290,38 @@ func TestChaos(t *testing.T) {
 		seed, failovers, transferred, sumValues(executions), len(executions), duplicates,
 		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
 	t.Logf("seed %d: shapes %v; %d sagas compensated in reverse order", seed, shapes, sagas)
+}
+
+// dumpJobLogs writes every line that names one of ids from every process
+// that ran (killed ones included) to a file that outlives the test, and
+// returns its path ("" if it could not be written): a stuck job's story
+// is spread over schedulers, supervisors and agents.
+func dumpJobLogs(c *cluster, ids []string) string {
+	f, err := os.CreateTemp("", "chaos-stuck-*.log")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	names := make([]string, 0, len(c.roles))
+	for name := range c.roles {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		for i, p := range c.roles[name].history {
+			sc := bufio.NewScanner(strings.NewReader(p.Output()))
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				for _, id := range ids {
+					if strings.Contains(sc.Text(), id) {
+						fmt.Fprintf(f, "%s#%d %s\n", name, i, sc.Text())
+						break
+					}
+				}
+			}
+		}
+	}
+	return f.Name()
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
