@@ -169,26 +169,28 @@ func (e *rerouteError) Error() string      { return e.err.Error() }
 func (e *rerouteError) Unwrap() error      { return e.err }
 func (e *rerouteError) ErrorClass() string { return protocol.ClassReroute }
 
-// clusterFenced reports whether a finished cluster task's result must be
-// withheld because this agent lost the right to it meanwhile (a leader
-// paused past its lease wakes up deposed): nothing is completed under an
-// epoch that is no longer this agent's.
-func (a *Agent) clusterFenced(msg jetstream.Msg, log zerolog.Logger) bool {
+// clusterFenced returns why a finished cluster task's result must be
+// withheld, or nil: this agent lost the right to it meanwhile (a leader
+// paused past its lease wakes up deposed), and nothing is completed under
+// an epoch that is no longer this agent's. The caller hands the step back
+// instead (a reroute result), so that the cluster's leader runs it now
+// rather than after the step's lease (its timeout, 5 minutes by default).
+func (a *Agent) clusterFenced(msg jetstream.Msg, log zerolog.Logger) error {
 	name, epoch, target, ok := clusterTask(msg)
 	if !ok {
-		return false
+		return nil
 	}
 	c := a.clu.Load()
 	if c == nil {
-		return false
+		return nil
 	}
 	err := c.m.AcceptResult(epoch, target)
 	if err == nil || name != a.cfg.Cluster {
-		return false
+		return nil
 	}
 	c.fenced.Add(1)
-	log.Warn().Err(err).Uint64("cluster_epoch", epoch).Msg("cluster epoch lost while running: withholding the result")
-	return true
+	log.Warn().Err(err).Uint64("cluster_epoch", epoch).Msg("cluster epoch lost while running: withholding the result, handing the step back")
+	return &rerouteError{fmt.Errorf("cluster epoch lost while running (the result is withheld): %w", err)}
 }
 
 // ClusterFenced counts the cluster tasks this agent refused to run or whose

@@ -124,9 +124,13 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	if stack, ok := isPanic(o.err); ok {
 		log.Error().Err(o.err).Bytes("stack", stack).Msg("handler panicked")
 	}
-	if admitErr == nil && a.clusterFenced(msg, log) {
-		a.term(msg, "cluster epoch lost")
-		return
+	if admitErr == nil {
+		if err := a.clusterFenced(msg, log); err != nil {
+			// Not the handler's outcome but a refusal, as if the task had
+			// come too late to run: terminated unreported, the step waited
+			// out its lease (chaos seed 853767: 5 minutes, a stuck job).
+			o = outcome{err: err}
+		}
 	}
 	res := buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), o.out, o.err)
 	a.report(workCtx, msg, p, res, log)

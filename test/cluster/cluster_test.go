@@ -112,14 +112,20 @@ func TestActivePassiveSplitBrain(t *testing.T) {
 	if err := old.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	// It wakes up deposed: the finished task's result is withheld.
+	// It wakes up deposed: the finished task's result is withheld, and
+	// the step is handed back for the new leader (a reroute refusal, as
+	// for a task that came too late): no success under the old epoch, and
+	// no step left waiting for its lease.
 	old.WaitOutput(t, "withholding the result", 20*time.Second)
-	h.mu.Lock()
-	r, reported := h.results[job]
-	h.mu.Unlock()
-	if reported {
-		t.Fatalf("the deposed leader reported %s for %s", r.Status, job)
-	}
+	natstest.Eventually(t, 10*time.Second, "the deposed leader hands the step back", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		r, ok := h.results[job]
+		if ok && (r.Status != protocol.ResultFailed || r.ErrorClass != protocol.ClassReroute) {
+			t.Fatalf("the deposed leader reported %s (class %q) for %s: %s", r.Status, r.ErrorClass, job, r.Error)
+		}
+		return ok
+	})
 	// It steps down and reports itself a standby; the new leader keeps leading.
 	natstest.Eventually(t, 20*time.Second, "old leader steps down", func() bool {
 		rep, ok := h.report(leaderID)
@@ -134,7 +140,7 @@ func TestActivePassiveSplitBrain(t *testing.T) {
 		return ok && r.Status == protocol.ResultFailed
 	})
 	h.mu.Lock()
-	t.Logf("old leader after SIGCONT: result of %s withheld; %s refused: %q", job, late, h.results[late].Error)
+	t.Logf("old leader after SIGCONT: result of %s withheld, handed back: %q; %s refused: %q", job, h.results[job].Error, late, h.results[late].Error)
 	h.mu.Unlock()
 }
 
