@@ -31,7 +31,7 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 	}
 	if st := m.Header.Get("Status"); st != "" {
 		if st == "404" {
-			return entry{}, fmt.Errorf("get %s: %w", key, ErrNotFound)
+			return entry{}, s.missing(ctx, key)
 		}
 		return entry{}, fmt.Errorf("get %s: status %s %s", key, st, m.Header.Get("Description"))
 	}
@@ -40,7 +40,7 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 		return entry{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	if !ok {
-		return entry{}, fmt.Errorf("get %s: %w", key, ErrNotFound)
+		return entry{}, s.missing(ctx, key)
 	}
 	return e, nil
 }
@@ -52,6 +52,58 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 func Removed(h nats.Header) bool {
 	op := h.Get("KV-Operation")
 	return op == "DEL" || op == "PURGE" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
+// ErrBehindLeader says a read found nothing where the stream's leader has a
+// record: a replica that has not stored it yet answered the direct get.
+// It wraps ErrConflict, so that callers read again as after a lost CAS.
+var ErrBehindLeader = fmt.Errorf("%w: read answered by a replica behind the stream leader", ErrConflict)
+
+// missing is the error for a read of key that found no record: ErrNotFound
+// once the stream's leader confirms it, else ErrBehindLeader. Direct gets are
+// answered by any replica of a replicated bucket, and one may not have
+// stored a record another process wrote a moment ago (make compose-test:
+// a scheduler was told "no job" 24 ms after another created it, rejected
+// the step's result, and the step waited for its lease). The leader's
+// answer costs a request only on this path.
+func (s *Store) missing(ctx context.Context, key string) error {
+	req, _ := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{kvPrefix + key})
+	m, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.stream, req)
+	if err != nil {
+		return fmt.Errorf("get %s from the stream leader: %w", key, err)
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Header []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("get %s from the stream leader: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return fmt.Errorf("get %s: %w", key, ErrNotFound)
+	case resp.Error != nil:
+		return fmt.Errorf("get %s from the stream leader: %s", key, resp.Error.Description)
+	case resp.Message == nil:
+		return fmt.Errorf("get %s from the stream leader: empty reply", key)
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return fmt.Errorf("get %s from the stream leader: %w", key, err)
+		}
+		if Removed(h) {
+			return fmt.Errorf("get %s: %w", key, ErrNotFound)
+		}
+	}
+	return fmt.Errorf("get %s: %w", key, ErrBehindLeader)
 }
 
 // toEntry turns a direct-get reply into an entry; ok is false for a delete,
@@ -147,7 +199,7 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 	}
 	je, ok := got[jobKey]
 	if !ok {
-		return nil, fmt.Errorf("get %s: %w", jobKey, ErrNotFound)
+		return nil, s.missing(ctx, jobKey)
 	}
 	delete(got, jobKey)
 	j, err := decodeJob(je.data)

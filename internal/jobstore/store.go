@@ -120,7 +120,10 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 			return st, e.rev, nil
 		}
 	}
-	return nil, 0, fmt.Errorf("get %s: %w", protocol.StepKey(job, step), ErrNotFound)
+	if _, ok := got[protocol.JobKey(job)]; ok {
+		return nil, 0, fmt.Errorf("get %s: %w", protocol.StepKey(job, step), ErrNotFound) // the job has no such step
+	}
+	return nil, 0, s.missing(ctx, protocol.StepKey(job, step))
 }
 
 // UpdateStep writes st if its record is still at rev; ErrConflict otherwise.

@@ -141,27 +141,10 @@ func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobStat
 	return js, false, err
 }
 
-// Results of a job the store does not show are looked at again before
-// they are rejected: on a replicated job store a read may be answered by
-// a replica that has not yet stored the job another scheduler created a
-// moment ago (direct gets are served by every replica). Rejected at
-// once, such a result was lost and its step waited for its lease
-// (5m30s): seen in make compose-test, 24 ms after the job was accepted.
-const (
-	unknownJobLooks = 4           // deliveries of a result before it is rejected
-	unknownJobRetry = time.Second // between them
-)
-
 // unknownJob answers every input of a job the store does not have.
 func (w *worker) unknownJob(jt *jobTurn) {
 	for k, in := range jt.inputs {
 		if in.kind == inResult {
-			if md, err := in.msg.Metadata(); err == nil && md.NumDelivered < unknownJobLooks {
-				w.log.Info().Str("job", jt.id).Uint64("delivery", md.NumDelivered).
-					Msg("result for a job not in the store (yet?): looking again")
-				jt.settle[k].retry = unknownJobRetry
-				continue
-			}
 			w.s.rejectResult(jt, k, reasonUnknownJob, fmt.Errorf("no job %s", jt.id), in.result)
 			continue
 		}

@@ -14,7 +14,6 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/test/handagent"
 )
 
@@ -181,64 +180,5 @@ func (b *bundle) events(t *testing.T, kind protocol.EventKind, id string) []prot
 		if json.Unmarshal(m.Data(), &e) == nil {
 			out = append(out, e)
 		}
-	}
-}
-
-// TestResultBeforeItsJobIsVisible: a result whose job the store does not
-// show yet (on a replicated store, a replica behind the scheduler that
-// created the job answered the read) is looked at again, not rejected:
-// once the job is there, the result is applied. Rejected at once, it was
-// lost and its step waited for its lease (make compose-test).
-func TestResultBeforeItsJobIsVisible(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
-	ctx := context.Background()
-	const id = "job-late"
-	now := time.Now().UTC()
-	r := protocol.Result{JobID: id, StepID: "s", Epoch: 1, Agent: "agent-1", Pool: "default",
-		Status: protocol.ResultSucceeded, StartedAt: now, FinishedAt: now}
-	m := nats.NewMsg(protocol.ResultSubject("default", "agent-1", id, "s"))
-	m.Data = mustJSON(t, r)
-	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(id, "s", 1, ""))
-	if _, err := b.js.PublishMsg(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	// The scheduler has seen it once, with no job in the store.
-	results, err := b.js.Stream(ctx, "WARDEN_RESULTS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	natstest.Eventually(t, 10*time.Second, "the result delivered to the scheduler", func() bool {
-		l := results.ListConsumers(ctx)
-		var n uint64
-		for info := range l.Info() {
-			n += info.Delivered.Consumer
-		}
-		return n > 0
-	})
-	// Now the job appears, its step dispatched to agent-1 under epoch 1.
-	sp := spec.Job{Name: "late", Steps: []spec.Step{{ID: "s", Action: "echo"}}}
-	job := jobstore.NewJob(id, sp, now)
-	job.State = jobstore.JobRunning
-	if _, err := b.store.CreateJob(ctx, job); err != nil {
-		t.Fatal(err)
-	}
-	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := steps[0].Dispatch("agent-1", "", now, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.CreateStep(ctx, steps[0]); err != nil {
-		t.Fatal(err)
-	}
-	natstest.Eventually(t, 10*time.Second, "the early result applied", func() bool {
-		st, _, err := b.store.Step(ctx, id, "s")
-		return err == nil && st.State == jobstore.StepSucceeded
-	})
-	for _, e := range b.events(t, protocol.EventResultRejected, id) {
-		t.Errorf("the early result was rejected: %s (%s)", e.Reason, e.Data["reason"])
 	}
 }

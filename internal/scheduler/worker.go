@@ -210,9 +210,6 @@ type task struct {
 
 type settlement struct {
 	term string // non-empty: terminate the message with this reason
-	// retry, when set, hands the message back to be handled again after
-	// it: it could not be judged yet (unknownJob).
-	retry time.Duration
 }
 
 type control struct {
@@ -438,10 +435,6 @@ func (w *worker) finish(jt *jobTurn) {
 		}
 		if in.msg != nil && jt.settle[k].term != "" {
 			_ = in.msg.TermWithReason(jt.settle[k].term)
-			continue
-		}
-		if in.msg != nil && jt.settle[k].retry > 0 {
-			_ = in.msg.NakWithDelay(jt.settle[k].retry)
 			continue
 		}
 		msgs = append(msgs, in.held...)
