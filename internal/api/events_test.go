@@ -99,34 +99,43 @@ func TestEventStream(t *testing.T) {
 		"event": `"kind":"failover"`,
 		"agent": `"change":"joined"`,
 	}
-	seen := map[string]bool{}
-	natstest.Eventually(t, 10*time.Second, "every event type on the stream", func() bool {
+	// take applies f to each event that has arrived until f reports done;
+	// on the way it fails any removal marker sent as a job event.
+	take := func(f func(sse) bool) bool {
 		for {
 			select {
 			case e, ok := <-got:
 				if !ok {
 					t.Fatal("stream ended")
 				}
-				if s, ok := want[e.typ]; ok && strings.Contains(e.data, s) {
-					seen[e.typ] = true
-					if e.typ == "event" && !strings.HasPrefix(e.id, "e") {
-						t.Errorf("audit event without a resumable id: %+v", e)
-					}
+				if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) && !strings.Contains(e.data, `"state":"succeeded"`) {
+					t.Errorf("a removal marker sent as a job event: %s", e.data)
 				}
-				if e.typ == "agent" && strings.Contains(e.data, `"change":"drained"`) {
-					seen["drained"] = true
-				}
-				if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) {
-					if strings.Contains(e.data, `"state":"succeeded"`) {
-						seen["expiring"] = true // the record itself, before its TTL
-					} else {
-						t.Errorf("a removal marker sent as a job event: %s", e.data)
-					}
+				if f(e) {
+					return true
 				}
 			default:
-				return len(seen) == 6
+				return false
 			}
 		}
+	}
+	seen := map[string]bool{}
+	natstest.Eventually(t, 10*time.Second, "every event type on the stream", func() bool {
+		return take(func(e sse) bool {
+			if s, ok := want[e.typ]; ok && strings.Contains(e.data, s) {
+				seen[e.typ] = true
+				if e.typ == "event" && !strings.HasPrefix(e.id, "e") {
+					t.Errorf("audit event without a resumable id: %+v", e)
+				}
+			}
+			if e.typ == "agent" && strings.Contains(e.data, `"change":"drained"`) {
+				seen["drained"] = true
+			}
+			if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) {
+				seen["expiring"] = true // the record itself, before its TTL
+			}
+			return len(seen) == 6
+		})
 	})
 
 	// The marker lands about a second after the record; a job written
@@ -147,21 +156,6 @@ func TestEventStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.Eventually(t, 10*time.Second, "the job written after the marker", func() bool {
-		for {
-			select {
-			case e, ok := <-got:
-				if !ok {
-					t.Fatal("stream ended")
-				}
-				if e.typ == "job" && strings.Contains(e.data, `"id":"expired"`) {
-					t.Errorf("a removal marker sent as a job event: %s", e.data)
-				}
-				if e.typ == "job" && strings.Contains(e.data, `"id":"after"`) {
-					return true
-				}
-			default:
-				return false
-			}
-		}
+		return take(func(e sse) bool { return e.typ == "job" && strings.Contains(e.data, `"id":"after"`) })
 	})
 }

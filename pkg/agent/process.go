@@ -126,9 +126,8 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	}
 	if admitErr == nil {
 		if err := a.clusterFenced(msg, log); err != nil {
-			// Not the handler's outcome but a refusal, as if the task had
-			// come too late to run: terminated unreported, the step waited
-			// out its lease (chaos seed 853767: 5 minutes, a stuck job).
+			// The handler's outcome is withheld; the reroute refusal
+			// hands the step back, as for a task that came too late.
 			o = outcome{err: err}
 		}
 	}
