@@ -273,7 +273,7 @@ func schedulerDeliveries(tb *runTB, js jetstream.JetStream) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var n uint64
-	for _, stream := range []string{"WARDEN_SUBMIT", "WARDEN_RESULTS"} {
+	for _, stream := range []string{protocol.StreamSubmit, protocol.StreamResults} {
 		st, err := js.Stream(ctx, stream)
 		if err != nil {
 			tb.Fatalf("stream %s: %v", stream, err)
