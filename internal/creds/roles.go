@@ -242,6 +242,10 @@ func Agent(pool, id string, taskShards int) (Role, error) {
 			// server refuses any other filter.
 			"$JS.API.CONSUMER.CREATE." + stream + "." + id + "." + protocol.TaskSubject(shard, pool, id),
 			"$JS.API.CONSUMER.INFO." + stream + "." + id,
+			// Deleting it re-creates it: to replace a consumer an older
+			// release kept on disk, and to have ghost deliveries sent
+			// again (pkg/agent/ghosts.go). The tasks stay in the stream.
+			"$JS.API.CONSUMER.DELETE." + stream + "." + id,
 			"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + id,
 			"$JS.ACK." + stream + "." + id + ".>",
 			// Its presence key: write, read, and watch it alone.

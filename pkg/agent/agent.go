@@ -56,7 +56,9 @@ type Agent struct {
 	// limit is how many tasks run at once: max_concurrent, or less when
 	// the supervisor reduces the load of an unhealthy agent.
 	limit   atomic.Int32
-	running sync.Map // "<job>.<step>.<epoch>" -> context.CancelCauseFunc
+	running sync.Map // "<job>.<step>.<epoch>" -> *runningTask
+	// reported are the dispatches whose result this agent stored lately.
+	reported *recentReports
 	// pullCancel ends the pull request in progress (dispatch.go).
 	pullCancel atomic.Pointer[context.CancelFunc]
 	// reconnected cuts short a retry's wait after a failed pull
@@ -87,7 +89,8 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
-	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), reconnected: make(chan struct{}, 1), iso: newIsolation(cfg.MaxConcurrent)}
+	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), reconnected: make(chan struct{}, 1), iso: newIsolation(cfg.MaxConcurrent),
+		reported: newRecentReports(recentReportsKept)}
 	a.limit.Store(int32(cfg.MaxConcurrent))
 	for _, o := range opts {
 		o(a)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,7 +42,7 @@ func (a *Agent) control(body []byte) error {
 			return protocol.NewReplyError(protocol.CodeNotFound, "step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
 		}
 		a.log.Warn().Str("job_id", c.JobID).Str("step_id", c.StepID).Msg("cancelling a running step on request")
-		v.(context.CancelCauseFunc)(ErrCancelled)
+		v.(*runningTask).cancel(ErrCancelled)
 	case protocol.ControlDrain:
 		a.held.Store(true)
 		a.stopPull()

@@ -35,7 +35,8 @@ const (
 func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGroup) {
 	slots := make(chan struct{}, a.cfg.MaxConcurrent)
 	backoff := minFetchBackoff
-	alone := true // until the consumer shows no delivery this run lacks
+	alone := true      // until the consumer shows no delivery this run lacks
+	recreated := false // the consumer, since the last pull that did not fail
 	for {
 		// Drained by an operator, or over a limit the supervisor lowered.
 		for a.held.Load() || a.stats.inFlight.Load() >= int64(a.limit.Load()) && len(slots) > 0 {
@@ -77,6 +78,16 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 			}
 			if isIdle(err) || errors.Is(err, context.Canceled) { // nothing came, or stopPull
 				backoff = minFetchBackoff
+				recreated = false
+				continue
+			}
+			if consumerGone(err) && !recreated && a.recreateConsumer(fetchCtx) {
+				// The task consumer keeps its state in memory (see
+				// streams/consumer_task.json): a lone nats-server that
+				// restarted has forgotten it, and a pull to it finds no
+				// responder. Re-created, it pulls again at once; if that
+				// fails too, the retries back off as for any error.
+				recreated = true
 				continue
 			}
 			a.log.Warn().Err(err).Dur("retry_in", backoff).Msg("pull tasks failed")
@@ -84,12 +95,13 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				return
 			}
 			backoff = min(2*backoff, maxFetchBackoff)
-			if errorsIsAny(err, jetstream.ErrConsumerNotFound, jetstream.ErrConsumerDeleted) {
+			if consumerGone(err) {
 				a.recreateConsumer(fetchCtx)
 			}
 			continue
 		}
 		backoff = minFetchBackoff
+		recreated = false
 		// Fetch nothing more until the suspects have run: a task fetched
 		// now would wait behind them and, if one is poison, share its fate
 		// (each crash counts a delivery of every task we hold).
@@ -237,16 +249,25 @@ func isIdle(err error) bool {
 	return errorsIsAny(err, nats.ErrTimeout, jetstream.ErrNoMessages, context.DeadlineExceeded)
 }
 
-func (a *Agent) recreateConsumer(ctx context.Context) {
+// consumerGone reports a pull that found no task consumer to answer it:
+// deleted, or (kept in memory) forgotten by a restarted server.
+func consumerGone(err error) bool {
+	return errorsIsAny(err, jetstream.ErrConsumerNotFound, jetstream.ErrConsumerDeleted, nats.ErrNoResponders)
+}
+
+// recreateConsumer creates the task consumer again and reports whether it
+// could. The tasks still in the work-queue stream are delivered afresh.
+func (a *Agent) recreateConsumer(ctx context.Context) bool {
 	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
 	cons, err := a.ensureConsumer(sctx)
 	if err != nil {
 		a.log.Warn().Err(err).Msg("re-create task consumer failed")
-		return
+		return false
 	}
 	a.cons = cons // only dispatch reads a.cons
 	a.log.Warn().Msg("task consumer re-created")
+	return true
 }
 
 // sleepCtx waits d or until ctx ends; it reports whether d passed.

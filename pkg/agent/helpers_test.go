@@ -98,6 +98,14 @@ func (b *bundle) stop(t *testing.T) error {
 // publish sends a task the way the scheduler does: JSON body and headers.
 func (b *bundle) publish(t *testing.T, task protocol.Task) {
 	t.Helper()
+	if _, err := b.js.PublishMsg(context.Background(), b.taskMsg(t, task)); err != nil {
+		t.Fatalf("publish task: %v", err)
+	}
+}
+
+// taskMsg is the message publish sends for task.
+func (b *bundle) taskMsg(t *testing.T, task protocol.Task) *nats.Msg {
+	t.Helper()
 	if task.Epoch == 0 {
 		task.Epoch = 1
 	}
@@ -120,9 +128,7 @@ func (b *bundle) publish(t *testing.T, task protocol.Task) {
 	m.Header.Set(protocol.HeaderAction, task.Action)
 	m.Header.Set(protocol.HeaderDeadline, task.Deadline.UTC().Format(time.RFC3339Nano))
 	m.Header.Set(protocol.HeaderMsgID, protocol.TaskMsgID(task.JobID, task.StepID, task.Epoch))
-	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
-		t.Fatalf("publish task: %v", err)
-	}
+	return m
 }
 
 // result waits for the result of job/step in WARDEN_RESULTS.

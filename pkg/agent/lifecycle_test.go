@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,13 +61,19 @@ func TestLeaseLostCancelsWithoutReport(t *testing.T) {
 	cfg := testConfig("a1")
 	cfg.Lease = protocol.Duration(600 * time.Millisecond)
 	// One slot: while the handler runs nothing pulls, so nothing re-creates
-	// the consumer we delete below.
+	// the consumer we delete below. Once the run is abandoned the agent
+	// pulls, re-creates it, and the task comes again: that run keeps its
+	// lease and waits here until the test ends, reporting nothing either.
 	cfg.MaxConcurrent = 1
+	var once sync.Once
 	b := setup(t, cfg, func(a *agent.Agent) {
 		a.Handle("work", func(ctx context.Context, _ *agent.Task) (any, error) {
-			close(started)
+			once.Do(func() { close(started) })
 			<-ctx.Done()
-			cause <- context.Cause(ctx)
+			select {
+			case cause <- context.Cause(ctx):
+			default:
+			}
 			return nil, context.Cause(ctx)
 		})
 	})

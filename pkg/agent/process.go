@@ -37,6 +37,12 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	log := a.log.With().Str(logging.FieldJob, pt.JobID).Str(logging.FieldStep, pt.StepID).
 		Uint64(logging.FieldEpoch, pt.Epoch).Str("action", pt.Action).Uint64("delivery", delivery).Logger()
 	task := &Task{Task: pt, Delivery: delivery, Log: log}
+	runKey := protocol.TaskMsgID(pt.JobID, pt.StepID, pt.Epoch)
+	if a.reported.has(runKey) {
+		log.Info().Msg("redelivered task whose result this agent already stored (the ack was lost): acking it without running it again")
+		a.ackReported(workCtx, msg, log)
+		return
+	}
 
 	p, ok := planTask(received, pt.Deadline, pt.Timeout.Std())
 	if !ok {
@@ -56,6 +62,24 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		a.report(workCtx, msg, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
 		return
 	}
+	hctx, cancelHandler := context.WithCancelCause(workCtx)
+	defer cancelHandler(context.Canceled)
+	run := &runningTask{cancel: cancelHandler}
+	if _, dup := a.running.LoadOrStore(runKey, run); dup {
+		// A re-created task consumer (after a restart of a lone server,
+		// which forgets it) delivers again what this agent runs. The run in
+		// progress reports, and its ack (by stream sequence) settles this
+		// delivery too.
+		log.Info().Msg("task delivered again while it runs here: leaving it to the run in progress")
+		return
+	}
+	// A hand-back redelivers at once: the run stops counting as running
+	// before it, or its redelivery would be taken for a duplicate.
+	handBack := func() {
+		a.running.CompareAndDelete(runKey, run)
+		a.handBack(msg)
+	}
+	defer a.running.CompareAndDelete(runKey, run)
 	a.stats.inFlight.Add(1)
 	defer a.stats.inFlight.Add(-1)
 	started := a.now()
@@ -63,8 +87,6 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 
 	// The lease keeper lives until the task is acked or abandoned, so that
 	// publishing the result is covered too.
-	hctx, cancelHandler := context.WithCancelCause(workCtx)
-	defer cancelHandler(context.Canceled)
 	keeperCtx, stopKeeper := context.WithCancel(workCtx)
 	keeperDone := make(chan struct{})
 	keeper := newLeaseKeeper(a.nc, msg.Reply(), a.cfg.Lease.Std(), received, p.reportBy, a.now,
@@ -72,15 +94,11 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	go func() { defer close(keeperDone); keeper.run(keeperCtx) }()
 	defer func() { stopKeeper(); <-keeperDone }()
 
-	runKey := protocol.TaskMsgID(pt.JobID, pt.StepID, pt.Epoch)
-	a.running.Store(runKey, cancelHandler)
-	defer a.running.Delete(runKey)
-
 	// A suspect waits here, its lease kept, until it can run alone.
 	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
 	if release == nil {
 		log.Info().Msg("stopped while waiting to run: handing the task back")
-		a.handBack(msg)
+		handBack()
 		return
 	}
 	defer release()
@@ -108,14 +126,14 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	case errors.Is(o.err, testhook.ErrDrop):
 		// A test kit's agent "crashing" with the task: hand it back, say nothing.
 		log.Info().Msg("handler dropped the task: handing it back unreported")
-		a.handBack(msg)
+		handBack()
 		return
 	case errors.Is(cause, ErrCancelled):
 		// An operator cancelled the step: report it, so it ends cancelled.
 		o = outcome{err: Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, firstErr(o.err, cause)))}
 	case o.err != nil && errors.Is(cause, ErrShutdown):
 		log.Info().Msg("cancelled by shutdown: handing the task back")
-		a.handBack(msg)
+		handBack()
 		return
 	}
 	if o.err != nil && errors.Is(cause, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {

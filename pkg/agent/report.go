@@ -82,12 +82,17 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 		a.stats.failed.Add(1)
 	}
 	logResult(log, res)
+	a.reported.add(protocol.TaskMsgID(res.JobID, res.StepID, res.Epoch))
+	a.ackReported(workCtx, msg, log)
+}
 
+// ackReported acks a task whose result is stored. If the ack is lost, the
+// redelivery is acked unrun (recentReports), or, once forgotten, run again
+// and its result deduplicated or fenced by epoch.
+func (a *Agent) ackReported(workCtx context.Context, msg jetstream.Msg, log zerolog.Logger) {
 	actx, acancel := context.WithTimeout(context.WithoutCancel(workCtx), setupTimeout)
 	defer acancel()
 	if err := msg.DoubleAck(actx); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-		// The result is stored; a redelivery re-runs the step and its
-		// result is deduplicated or fenced by epoch.
 		log.Warn().Err(err).Msg("ack after result failed")
 	}
 }

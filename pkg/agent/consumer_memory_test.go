@@ -1,0 +1,147 @@
+package agent_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// holdHandler counts its runs and returns once release is closed.
+func holdHandler(runs *atomic.Int32, started chan<- struct{}, release <-chan struct{}) func(*agent.Agent) {
+	return func(a *agent.Agent) {
+		a.Handle("hold", func(ctx context.Context, _ *agent.Task) (any, error) {
+			runs.Add(1)
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+				return "held", nil
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+		})
+	}
+}
+
+// The task consumer keeps its state in memory, so a lone nats-server that
+// restarts forgets it. The agent creates it again, and the new consumer
+// delivers afresh the task the agent is still running: that task runs
+// once, its result is stored once, and its ack settles the message.
+func TestTaskRunningAcrossServerRestartRunsOnce(t *testing.T) {
+	t.Parallel()
+	s, _, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
+	nc, js := s.ConnectReconnecting(t, 20*time.Millisecond)
+	b := &bundle{srv: s, nc: nc, js: js}
+	var runs atomic.Int32
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	b.start(t, testConfig("a1"), holdHandler(&runs, started, release))
+	if !b.consumerInfo(t).Config.MemoryStorage {
+		t.Fatal("the task consumer is not in memory storage")
+	}
+	b.publish(t, protocol.Task{JobID: "across", StepID: "s", Action: "hold"})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task did not start")
+	}
+
+	s.Down()
+	s.Up(t)
+	natstest.Eventually(t, 10*time.Second, "client reconnected", nc.IsConnected)
+	// The re-created consumer has delivered the message again, to this
+	// agent, which is still running it.
+	natstest.Eventually(t, 10*time.Second, "task delivered by the re-created consumer", func() bool {
+		c, err := js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "a1", testShards)), "a1")
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(context.Background())
+		return err == nil && info.Delivered.Consumer >= 1
+	})
+	close(release)
+	if r, _ := b.result(t, "across", "s"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("result %+v, want succeeded", r)
+	}
+	natstest.Eventually(t, 10*time.Second, "task message acked and removed", func() bool {
+		return b.taskMessages(t) == 0 && b.agent.Stats().InFlight == 0
+	})
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want once", n)
+	}
+}
+
+// A redelivery of a dispatch whose result this agent already stored (its
+// ack was lost) is acked without running the handler again.
+func TestRedeliveryOfReportedTaskIsAckedUnrun(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	close(release)
+	b := setup(t, testConfig("a1"), holdHandler(&runs, make(chan struct{}, 1), release))
+	task := protocol.Task{JobID: "twice", StepID: "s", Action: "hold"}
+	b.publish(t, task)
+	b.result(t, "twice", "s")
+	natstest.Eventually(t, 10*time.Second, "first delivery acked", func() bool { return b.taskMessages(t) == 0 })
+
+	// The same dispatch again, as a message the stream does not
+	// deduplicate: what the agent sees when its ack was lost.
+	m := b.taskMsg(t, task)
+	m.Header.Set(protocol.HeaderMsgID, "again")
+	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "second delivery acked", func() bool {
+		info := b.consumerInfo(t)
+		return b.taskMessages(t) == 0 && info.Delivered.Consumer == 2 && info.NumAckPending == 0
+	})
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want once", n)
+	}
+}
+
+// A task consumer that an earlier release created on disk cannot be
+// updated to memory storage: the agent replaces it, and the task waiting
+// in the stream is delivered by the new one.
+func TestDiskTaskConsumerReplaced(t *testing.T) {
+	t.Parallel()
+	b, cfg, _ := preconsumedOnDisk(t, "upgraded")
+	b.publish(t, protocol.Task{JobID: "waiting", StepID: "s", Action: "echo"})
+	b.start(t, cfg, nil)
+	if r, _ := b.result(t, "waiting", "s"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("result %+v, want succeeded", r)
+	}
+	if !b.consumerInfo(t).Config.MemoryStorage {
+		t.Fatal("the task consumer is still on disk")
+	}
+}
+
+// preconsumedOnDisk is preconsumed with the consumer on disk, as releases
+// before memory-storage task consumers created it.
+func preconsumedOnDisk(t *testing.T, id string) (*bundle, agent.Config, jetstream.Consumer) {
+	t.Helper()
+	b, cfg, cons := preconsumed(t, id)
+	cc := cons.CachedInfo().Config
+	stream := cons.CachedInfo().Stream
+	if err := b.js.DeleteConsumer(context.Background(), stream, cc.Durable); err != nil {
+		t.Fatal(err)
+	}
+	cc.MemoryStorage = false
+	cons, err := b.js.CreateConsumer(context.Background(), stream, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cons.CachedInfo().Config.MemoryStorage {
+		t.Fatal("set-up: the consumer is not on disk")
+	}
+	return b, cfg, cons
+}
