@@ -257,8 +257,12 @@ func consumerGone(err error) bool {
 
 // recreateConsumer creates the task consumer again and reports whether it
 // could. The tasks still in the work-queue stream are delivered afresh.
+// Its requests end on a reconnect, as a pull does: a server shutting down
+// answers pulls with no responder, and the re-creation then asked of it
+// was lost with the connection and held the agent for setupTimeout (10 s
+// of tasks waiting after a restart, seen in the chaos suite).
 func (a *Agent) recreateConsumer(ctx context.Context) bool {
-	sctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	sctx, cancel := a.loopRequest(ctx)
 	defer cancel()
 	cons, err := a.ensureConsumer(sctx)
 	if err != nil {

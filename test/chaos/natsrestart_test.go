@@ -66,6 +66,7 @@ func TestNATSRestartsUnderLoadFailOverNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	var longest time.Duration
+	var slowest string
 	for _, id := range ids {
 		var j *jobstore.Job
 		deadline := time.Now().Add(60 * time.Second)
@@ -85,7 +86,7 @@ func TestNATSRestartsUnderLoadFailOverNobody(t *testing.T) {
 		}
 		st := j.Steps[0]
 		if wait := st.Attempts[0].StartedAt.Sub(j.CreatedAt); wait > longest {
-			longest = wait
+			longest, slowest = wait, id
 		}
 	}
 	failed := len(eventsOf(t, js, protocol.EventAgentFailed))
@@ -96,8 +97,8 @@ func TestNATSRestartsUnderLoadFailOverNobody(t *testing.T) {
 			noTarget++
 		}
 	}
-	t.Logf("%d jobs through %d nats-server restarts: 0 lost; %d agent_failed events, %d failovers (%d no_target); longest wait for a dispatch %s",
-		len(ids), restarts, failed, failovers, noTarget, longest.Round(time.Millisecond))
+	t.Logf("%d jobs through %d nats-server restarts: 0 lost; %d agent_failed events, %d failovers (%d no_target); longest wait for a dispatch %s (job %s)",
+		len(ids), restarts, failed, failovers, noTarget, longest.Round(time.Millisecond), slowest)
 	if failed > 0 || failovers > 0 || noTarget > 0 {
 		t.Fatalf("live agents were failed over after server restarts: %d agent_failed, %d failovers, %d no_target", failed, failovers, noTarget)
 	}
