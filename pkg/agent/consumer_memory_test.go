@@ -48,12 +48,17 @@ func TestTaskRunningAcrossServerRestartRunsOnce(t *testing.T) {
 	if !b.consumerInfo(t).Config.MemoryStorage {
 		t.Fatal("the task consumer is not in memory storage")
 	}
-	b.publish(t, protocol.Task{JobID: "across", StepID: "s", Action: "hold"})
+	// It expires (must start by) just after it starts: the second
+	// delivery comes after that, and must not report it expired under
+	// the run's Nats-Msg-Id.
+	expires := time.Now().Add(300 * time.Millisecond)
+	b.publish(t, protocol.Task{JobID: "across", StepID: "s", Action: "hold", ExpiresAt: expires})
 	select {
 	case <-started:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the task did not start")
 	}
+	natstest.Eventually(t, 5*time.Second, "the task's start-by time passed", func() bool { return time.Now().After(expires) })
 
 	s.Down()
 	s.Up(t)
@@ -144,4 +149,50 @@ func preconsumedOnDisk(t *testing.T, id string) (*bundle, agent.Config, jetstrea
 		t.Fatal("set-up: the consumer is not on disk")
 	}
 	return b, cfg, cons
+}
+
+// An agent whose every slot is taken does not pull, so no failed pull
+// tells it that a restarted lone server forgot its consumer. It restores
+// the consumer on the reconnect: the run in progress keeps extending its
+// lease through the restart, runs once and is not abandoned.
+func TestBusyAgentKeepsItsLeaseAcrossServerRestart(t *testing.T) {
+	t.Parallel()
+	s, _, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
+	nc, js := s.ConnectReconnecting(t, 20*time.Millisecond)
+	b := &bundle{srv: s, nc: nc, js: js}
+	var runs atomic.Int32
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	cfg := testConfig("busy")
+	cfg.MaxConcurrent = 1
+	cfg.Lease = protocol.Duration(time.Second)
+	b.start(t, cfg, holdHandler(&runs, started, release))
+	b.publish(t, protocol.Task{JobID: "busy", StepID: "s", Action: "hold"})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task did not start")
+	}
+
+	s.Down()
+	s.Up(t)
+	natstest.Eventually(t, 10*time.Second, "client reconnected", nc.IsConnected)
+	natstest.Eventually(t, 10*time.Second, "task consumer restored", func() bool {
+		_, err := js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "busy", testShards)), "busy")
+		return err == nil
+	})
+	// Three leases more: without the consumer, every extension finds no
+	// responder and the run is abandoned within one.
+	time.Sleep(3 * cfg.Lease.Std())
+	close(release)
+	if r, _ := b.result(t, "busy", "s"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("result %+v, want succeeded", r)
+	}
+	// The new consumer ignores the run's ack (it has not delivered the
+	// message); its delivery at the next pull is acked unrun.
+	natstest.Eventually(t, 20*time.Second, "task message acked and removed", func() bool {
+		return b.taskMessages(t) == 0 && b.agent.Stats().InFlight == 0
+	})
+	if st := b.agent.Stats(); st.LeaseLost != 0 || runs.Load() != 1 {
+		t.Fatalf("lease lost %d times, handler ran %d times; want 0 and 1", st.LeaseLost, runs.Load())
+	}
 }

@@ -81,7 +81,8 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				recreated = false
 				continue
 			}
-			if consumerGone(err) && !recreated && a.recreateConsumer(fetchCtx) {
+			missing := a.consumerMissing(fetchCtx, err)
+			if missing && !recreated && a.recreateConsumer(fetchCtx) {
 				// The task consumer keeps its state in memory (see
 				// streams/consumer_task.json): a lone nats-server that
 				// restarted has forgotten it, and a pull to it finds no
@@ -95,7 +96,7 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				return
 			}
 			backoff = min(2*backoff, maxFetchBackoff)
-			if consumerGone(err) {
+			if missing {
 				a.recreateConsumer(fetchCtx)
 			}
 			continue
@@ -170,7 +171,8 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 // forgotten it, and the client would notice only when two of the
 // request's 5 s heartbeats had failed to come. Tasks waited ~10 s after
 // every nats-server restart (the chaos suite's "longest wait for a
-// dispatch"); the dispatch loop now asks again at once.
+// dispatch"); the dispatch loop now asks again at once. It then makes
+// sure the task consumer exists (restoreConsumer).
 func (a *Agent) repullOnReconnect(ctx context.Context) {
 	ch := a.nc.StatusChanged(nats.CONNECTED)
 	defer a.nc.RemoveStatusListener(ch)
@@ -188,6 +190,7 @@ func (a *Agent) repullOnReconnect(ctx context.Context) {
 			case a.reconnected <- struct{}{}:
 			default:
 			}
+			a.restoreConsumer(ctx)
 		}
 	}
 }
@@ -249,10 +252,50 @@ func isIdle(err error) bool {
 	return errorsIsAny(err, nats.ErrTimeout, jetstream.ErrNoMessages, context.DeadlineExceeded)
 }
 
-// consumerGone reports a pull that found no task consumer to answer it:
-// deleted, or (kept in memory) forgotten by a restarted server.
-func consumerGone(err error) bool {
-	return errorsIsAny(err, jetstream.ErrConsumerNotFound, jetstream.ErrConsumerDeleted, nats.ErrNoResponders)
+// consumerMissing reports whether a failed pull means the server has no
+// task consumer: deleted, or (kept in memory) forgotten by a restarted
+// server. A pull finds no responder then, but also while a cluster elects
+// the consumer's leader, so that case is confirmed with CONSUMER.INFO
+// before anything is created (a create is a write to the cluster's
+// metadata, from every agent at once).
+func (a *Agent) consumerMissing(ctx context.Context, err error) bool {
+	if errorsIsAny(err, jetstream.ErrConsumerNotFound, jetstream.ErrConsumerDeleted) {
+		return true
+	}
+	if !errors.Is(err, nats.ErrNoResponders) {
+		return false
+	}
+	ictx, cancel := a.loopRequest(ctx)
+	defer cancel()
+	_, err = a.js.Consumer(ictx, protocol.TaskStream(a.shard), a.cfg.ID)
+	return errors.Is(err, jetstream.ErrConsumerNotFound)
+}
+
+// restoreAttempts bounds restoreConsumer's tries after one reconnect.
+const restoreAttempts = 5
+
+// restoreConsumer makes sure, after a reconnect, that the task consumer
+// exists. A lone server that restarted has forgotten it (it is kept in
+// memory). The dispatch loop re-creates it when a pull finds no
+// responder, but an agent whose slots are all taken, or that is drained,
+// does not pull: the lease extensions of the tasks it runs would find no
+// responder either, and it would lose them and run them again.
+func (a *Agent) restoreConsumer(ctx context.Context) {
+	backoff := minFetchBackoff
+	for range restoreAttempts {
+		rctx, cancel := context.WithTimeout(ctx, setupTimeout)
+		_, err := a.js.Consumer(rctx, protocol.TaskStream(a.shard), a.cfg.ID)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			if _, err = a.ensureConsumer(rctx); err == nil {
+				a.log.Warn().Msg("task consumer re-created after a reconnect")
+			}
+		}
+		cancel()
+		if err == nil || !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, maxFetchBackoff)
+	}
 }
 
 // recreateConsumer creates the task consumer again and reports whether it

@@ -37,7 +37,24 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	log := a.log.With().Str(logging.FieldJob, pt.JobID).Str(logging.FieldStep, pt.StepID).
 		Uint64(logging.FieldEpoch, pt.Epoch).Str("action", pt.Action).Uint64("delivery", delivery).Logger()
 	task := &Task{Task: pt, Delivery: delivery, Log: log}
+	// One delivery of a dispatch at a time, whatever it is about to do
+	// (run, report expiry, dead-letter): a second delivery that reported
+	// "expired" would store its result under the run's Nats-Msg-Id first.
 	runKey := protocol.TaskMsgID(pt.JobID, pt.StepID, pt.Epoch)
+	hctx, cancelHandler := context.WithCancelCause(workCtx)
+	defer cancelHandler(context.Canceled)
+	run := &runningTask{cancel: cancelHandler}
+	if _, dup := a.running.LoadOrStore(runKey, run); dup {
+		// A re-created task consumer (after a restart of a lone server,
+		// which forgets it) delivers again what this agent runs. The run in
+		// progress reports, and its ack (by stream sequence) settles this
+		// delivery too.
+		log.Info().Msg("task delivered again while it runs here: leaving it to the run in progress")
+		return
+	}
+	defer a.running.CompareAndDelete(runKey, run)
+	// Checked while registered: a run that ended has recorded its report
+	// before it stopped counting as running.
 	if a.reported.has(runKey) {
 		log.Info().Msg("redelivered task whose result this agent already stored (the ack was lost): acking it without running it again")
 		a.ackReported(workCtx, msg, log)
@@ -62,24 +79,12 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		a.report(workCtx, msg, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
 		return
 	}
-	hctx, cancelHandler := context.WithCancelCause(workCtx)
-	defer cancelHandler(context.Canceled)
-	run := &runningTask{cancel: cancelHandler}
-	if _, dup := a.running.LoadOrStore(runKey, run); dup {
-		// A re-created task consumer (after a restart of a lone server,
-		// which forgets it) delivers again what this agent runs. The run in
-		// progress reports, and its ack (by stream sequence) settles this
-		// delivery too.
-		log.Info().Msg("task delivered again while it runs here: leaving it to the run in progress")
-		return
-	}
 	// A hand-back redelivers at once: the run stops counting as running
 	// before it, or its redelivery would be taken for a duplicate.
 	handBack := func() {
 		a.running.CompareAndDelete(runKey, run)
 		a.handBack(msg)
 	}
-	defer a.running.CompareAndDelete(runKey, run)
 	a.stats.inFlight.Add(1)
 	defer a.stats.inFlight.Add(-1)
 	started := a.now()

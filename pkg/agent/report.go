@@ -88,9 +88,12 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 
 // ackReported acks a task whose result is stored. If the ack is lost, the
 // redelivery is acked unrun (recentReports), or, once forgotten, run again
-// and its result deduplicated or fenced by epoch.
+// and its result deduplicated or fenced by epoch. So the wait for the
+// server's confirmation is short: a consumer re-created after a server
+// restart does not answer an ack for a message it has not delivered yet,
+// and the task's slot would be held meanwhile.
 func (a *Agent) ackReported(workCtx context.Context, msg jetstream.Msg, log zerolog.Logger) {
-	actx, acancel := context.WithTimeout(context.WithoutCancel(workCtx), setupTimeout)
+	actx, acancel := context.WithTimeout(context.WithoutCancel(workCtx), publishAttempt)
 	defer acancel()
 	if err := msg.DoubleAck(actx); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		log.Warn().Err(err).Msg("ack after result failed")
