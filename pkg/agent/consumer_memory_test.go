@@ -33,18 +33,48 @@ func holdHandler(runs *atomic.Int32, started chan<- struct{}, release <-chan str
 	}
 }
 
+// holding is an agent with the "hold" handler on a server the test
+// restarts, and a client that reconnects to it.
+type holding struct {
+	*bundle
+	runs             atomic.Int32
+	started, release chan struct{}
+}
+
+func startHolding(t *testing.T, cfg agent.Config) *holding {
+	t.Helper()
+	s, _, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
+	nc, js := s.ConnectReconnecting(t, 20*time.Millisecond)
+	h := &holding{bundle: &bundle{srv: s, nc: nc, js: js}, started: make(chan struct{}, 1), release: make(chan struct{})}
+	h.start(t, cfg, holdHandler(&h.runs, h.started, h.release))
+	return h
+}
+
+func (h *holding) waitStarted(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the task did not start")
+	}
+}
+
+// restartServer restarts the lone server, which forgets every consumer
+// kept in memory, and waits for the client to reconnect.
+func (h *holding) restartServer(t *testing.T) {
+	t.Helper()
+	h.srv.Down()
+	h.srv.Up(t)
+	natstest.Eventually(t, 10*time.Second, "client reconnected", h.nc.IsConnected)
+}
+
 // The task consumer keeps its state in memory, so a lone nats-server that
 // restarts forgets it. The agent creates it again, and the new consumer
 // delivers afresh the task the agent is still running: that task runs
 // once, its result is stored once, and its ack settles the message.
 func TestTaskRunningAcrossServerRestartRunsOnce(t *testing.T) {
 	t.Parallel()
-	s, _, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
-	nc, js := s.ConnectReconnecting(t, 20*time.Millisecond)
-	b := &bundle{srv: s, nc: nc, js: js}
-	var runs atomic.Int32
-	started, release := make(chan struct{}, 1), make(chan struct{})
-	b.start(t, testConfig("a1"), holdHandler(&runs, started, release))
+	b := startHolding(t, testConfig("a1"))
 	if !b.consumerInfo(t).Config.MemoryStorage {
 		t.Fatal("the task consumer is not in memory storage")
 	}
@@ -53,34 +83,28 @@ func TestTaskRunningAcrossServerRestartRunsOnce(t *testing.T) {
 	// the run's Nats-Msg-Id.
 	expires := time.Now().Add(300 * time.Millisecond)
 	b.publish(t, protocol.Task{JobID: "across", StepID: "s", Action: "hold", ExpiresAt: expires})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the task did not start")
-	}
+	b.waitStarted(t)
 	natstest.Eventually(t, 5*time.Second, "the task's start-by time passed", func() bool { return time.Now().After(expires) })
 
-	s.Down()
-	s.Up(t)
-	natstest.Eventually(t, 10*time.Second, "client reconnected", nc.IsConnected)
+	b.restartServer(t)
 	// The re-created consumer has delivered the message again, to this
 	// agent, which is still running it.
 	natstest.Eventually(t, 10*time.Second, "task delivered by the re-created consumer", func() bool {
-		c, err := js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "a1", testShards)), "a1")
+		c, err := b.js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "a1", testShards)), "a1")
 		if err != nil {
 			return false
 		}
 		info, err := c.Info(context.Background())
 		return err == nil && info.Delivered.Consumer >= 1
 	})
-	close(release)
+	close(b.release)
 	if r, _ := b.result(t, "across", "s"); r.Status != protocol.ResultSucceeded {
 		t.Fatalf("result %+v, want succeeded", r)
 	}
 	natstest.Eventually(t, 10*time.Second, "task message acked and removed", func() bool {
 		return b.taskMessages(t) == 0 && b.agent.Stats().InFlight == 0
 	})
-	if n := runs.Load(); n != 1 {
+	if n := b.runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want once", n)
 	}
 }
@@ -157,33 +181,22 @@ func preconsumedOnDisk(t *testing.T, id string) (*bundle, agent.Config, jetstrea
 // lease through the restart, runs once and is not abandoned.
 func TestBusyAgentKeepsItsLeaseAcrossServerRestart(t *testing.T) {
 	t.Parallel()
-	s, _, _ := natstest.Start(t, streams.Options{TaskShards: testShards})
-	nc, js := s.ConnectReconnecting(t, 20*time.Millisecond)
-	b := &bundle{srv: s, nc: nc, js: js}
-	var runs atomic.Int32
-	started, release := make(chan struct{}, 1), make(chan struct{})
 	cfg := testConfig("busy")
 	cfg.MaxConcurrent = 1
 	cfg.Lease = protocol.Duration(time.Second)
-	b.start(t, cfg, holdHandler(&runs, started, release))
+	b := startHolding(t, cfg)
 	b.publish(t, protocol.Task{JobID: "busy", StepID: "s", Action: "hold"})
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the task did not start")
-	}
+	b.waitStarted(t)
 
-	s.Down()
-	s.Up(t)
-	natstest.Eventually(t, 10*time.Second, "client reconnected", nc.IsConnected)
+	b.restartServer(t)
 	natstest.Eventually(t, 10*time.Second, "task consumer restored", func() bool {
-		_, err := js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "busy", testShards)), "busy")
+		_, err := b.js.Consumer(context.Background(), protocol.TaskStream(protocol.Shard("p", "busy", testShards)), "busy")
 		return err == nil
 	})
 	// Three leases more: without the consumer, every extension finds no
 	// responder and the run is abandoned within one.
 	time.Sleep(3 * cfg.Lease.Std())
-	close(release)
+	close(b.release)
 	if r, _ := b.result(t, "busy", "s"); r.Status != protocol.ResultSucceeded {
 		t.Fatalf("result %+v, want succeeded", r)
 	}
@@ -192,7 +205,7 @@ func TestBusyAgentKeepsItsLeaseAcrossServerRestart(t *testing.T) {
 	natstest.Eventually(t, 20*time.Second, "task message acked and removed", func() bool {
 		return b.taskMessages(t) == 0 && b.agent.Stats().InFlight == 0
 	})
-	if st := b.agent.Stats(); st.LeaseLost != 0 || runs.Load() != 1 {
-		t.Fatalf("lease lost %d times, handler ran %d times; want 0 and 1", st.LeaseLost, runs.Load())
+	if st := b.agent.Stats(); st.LeaseLost != 0 || b.runs.Load() != 1 {
+		t.Fatalf("lease lost %d times, handler ran %d times; want 0 and 1", st.LeaseLost, b.runs.Load())
 	}
 }
