@@ -81,13 +81,13 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				recreated = false
 				continue
 			}
-			missing := a.consumerMissing(fetchCtx, err)
-			if missing && !recreated && a.recreateConsumer(fetchCtx) {
-				// The task consumer keeps its state in memory (see
-				// streams/consumer_task.json): a lone nats-server that
-				// restarted has forgotten it, and a pull to it finds no
-				// responder. Re-created, it pulls again at once; if that
-				// fails too, the retries back off as for any error.
+			// The task consumer keeps its state in memory (see
+			// streams/consumer_task.json): a lone nats-server that
+			// restarted has forgotten it, and a pull to it finds no
+			// responder. Re-created, it is pulled from again at once the
+			// first time; if pulls keep failing, they back off as for any
+			// error.
+			if a.consumerMissing(fetchCtx, err) && a.recreateConsumer(fetchCtx) && !recreated {
 				recreated = true
 				continue
 			}
@@ -96,9 +96,6 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 				return
 			}
 			backoff = min(2*backoff, maxFetchBackoff)
-			if missing {
-				a.recreateConsumer(fetchCtx)
-			}
 			continue
 		}
 		backoff = minFetchBackoff
@@ -267,8 +264,18 @@ func (a *Agent) consumerMissing(ctx context.Context, err error) bool {
 	}
 	ictx, cancel := a.loopRequest(ctx)
 	defer cancel()
-	_, err = a.js.Consumer(ictx, protocol.TaskStream(a.shard), a.cfg.ID)
-	return errors.Is(err, jetstream.ErrConsumerNotFound)
+	gone, _ := a.consumerGone(ictx)
+	return gone
+}
+
+// consumerGone asks the server (CONSUMER.INFO) whether it has no task
+// consumer for this agent; err is the request's other errors.
+func (a *Agent) consumerGone(ctx context.Context) (bool, error) {
+	_, err := a.js.Consumer(ctx, protocol.TaskStream(a.shard), a.cfg.ID)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true, nil
+	}
+	return false, err
 }
 
 // restoreAttempts bounds restoreConsumer's tries after one reconnect.
@@ -284,8 +291,8 @@ func (a *Agent) restoreConsumer(ctx context.Context) {
 	backoff := minFetchBackoff
 	for range restoreAttempts {
 		rctx, cancel := context.WithTimeout(ctx, setupTimeout)
-		_, err := a.js.Consumer(rctx, protocol.TaskStream(a.shard), a.cfg.ID)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		gone, err := a.consumerGone(rctx)
+		if gone {
 			if _, err = a.ensureConsumer(rctx); err == nil {
 				a.log.Warn().Msg("task consumer re-created after a reconnect")
 			}
