@@ -15,6 +15,13 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
+// runningTask is a delivery this agent is handling (Agent.running, keyed by
+// "<job>.<step>.<epoch>"): a pointer, so that a run removes only its own
+// entry.
+type runningTask struct {
+	cancel context.CancelCauseFunc
+}
+
 // outcome is what became of a handler run.
 type outcome struct {
 	out       any
@@ -76,7 +83,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		// instead of running late.
 		log.Warn().Time("expires_at", pt.ExpiresAt).Msg("task expired before it started")
 		err := Permanent(fmt.Errorf("expired: not started by %s", pt.ExpiresAt.UTC().Format(time.RFC3339)))
-		a.report(workCtx, msg, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
+		a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
 		return
 	}
 	// A hand-back redelivers at once: the run stops counting as running
@@ -155,7 +162,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		}
 	}
 	res := buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), o.out, o.err)
-	a.report(workCtx, msg, p, res, log)
+	a.report(workCtx, msg, runKey, p, res, log)
 }
 
 // runHandler runs h under its deadline. A handler that ignores cancellation

@@ -1,15 +1,6 @@
 package agent
 
-import (
-	"context"
-	"sync"
-)
-
-// runningTask is a task this agent runs (Agent.running): a pointer, so that
-// a run removes only its own entry.
-type runningTask struct {
-	cancel context.CancelCauseFunc
-}
+import "sync"
 
 // recentReports remembers the dispatches ("<job>.<step>.<epoch>") whose
 // result this agent stored most recently, so that a redelivery of one is

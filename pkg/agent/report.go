@@ -25,8 +25,9 @@ const publishAttempt = 2 * time.Second
 
 // report publishes the result and, only once the server stored it (PubAck),
 // acks the task: a task is never lost between the two. Nothing is published
-// at or after the step's deadline.
-func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res protocol.Result, log zerolog.Logger) {
+// at or after the step's deadline. runKey is the dispatch's key, remembered
+// as reported before the ack (recentReports).
+func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string, p plan, res protocol.Result, log zerolog.Logger) {
 	if boundResult(&res, a.cfg.MaxResultBytes) {
 		log.Warn().Int("max_result_bytes", a.cfg.MaxResultBytes).Msg("result too large: output truncated")
 	}
@@ -82,7 +83,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, p plan, res p
 		a.stats.failed.Add(1)
 	}
 	logResult(log, res)
-	a.reported.add(protocol.TaskMsgID(res.JobID, res.StepID, res.Epoch))
+	a.reported.add(runKey)
 	a.ackReported(workCtx, msg, log)
 }
 
