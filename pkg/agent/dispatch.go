@@ -170,9 +170,17 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 // every nats-server restart (the chaos suite's "longest wait for a
 // dispatch"); the dispatch loop now asks again at once. It then makes
 // sure the task consumer exists (restoreConsumer).
+//
+// The restore runs beside this loop, one at a time, and a new reconnect
+// ends the previous one: run inline, its requests to a connection that
+// dropped again would hold the loop for their timeout, and with it the
+// repull after that second reconnect.
 func (a *Agent) repullOnReconnect(ctx context.Context) {
 	ch := a.nc.StatusChanged(nats.CONNECTED)
 	defer a.nc.RemoveStatusListener(ch)
+	var restoring sync.WaitGroup
+	stopRestore := func() {}
+	defer func() { stopRestore(); restoring.Wait() }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -187,7 +195,15 @@ func (a *Agent) repullOnReconnect(ctx context.Context) {
 			case a.reconnected <- struct{}{}:
 			default:
 			}
-			a.restoreConsumer(ctx)
+			stopRestore()
+			restoring.Wait()
+			rctx, cancel := context.WithCancel(ctx)
+			stopRestore = cancel
+			restoring.Add(1)
+			go func() {
+				defer restoring.Done()
+				a.restoreConsumer(rctx)
+			}()
 		}
 	}
 }
