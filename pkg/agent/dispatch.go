@@ -278,11 +278,19 @@ func (a *Agent) consumerMissing(ctx context.Context, err error) bool {
 	if !errors.Is(err, nats.ErrNoResponders) {
 		return false
 	}
-	ictx, cancel := a.loopRequest(ctx)
+	lctx, cancel := a.loopRequest(ctx)
 	defer cancel()
+	// Bounded well below setupTimeout: while a cluster has no leader for
+	// the consumer the question may go unanswered, and the loop should
+	// back off and pull again rather than wait on it.
+	ictx, icancel := context.WithTimeout(lctx, probeTimeout)
+	defer icancel()
 	gone, _ := a.consumerGone(ictx)
 	return gone
 }
+
+// probeTimeout bounds consumerMissing's CONSUMER.INFO.
+const probeTimeout = time.Second
 
 // consumerGone asks the server (CONSUMER.INFO) whether it has no task
 // consumer for this agent; err is the request's other errors.
