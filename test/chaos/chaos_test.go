@@ -290,6 +290,53 @@ func TestChaos(t *testing.T) {
 		seed, failovers, transferred, sumValues(executions), len(executions), duplicates,
 		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
 	t.Logf("seed %d: shapes %v; %d sagas compensated in reverse order", seed, shapes, sagas)
+	again := rerunsOfOneDispatch(t, c.ledger, poisonSteps)
+	t.Logf("seed %d: of the %d duplicate executions, %d ran a dispatch again on the agent that already ran it (%d of a poison step), %d on another agent; %d were new dispatches (retries, failover moves, poison)",
+		seed, duplicates, again.sameAgent, again.poison, again.otherAgent, duplicates-again.sameAgent-again.otherAgent)
+}
+
+// reruns counts executions of a dispatch (job, step, epoch) after its first.
+type reruns struct {
+	sameAgent, otherAgent int
+	poison                int // of sameAgent, those of poison steps (each one crashed the agent)
+}
+
+// rerunsOfOneDispatch splits the ledger's repeated executions of a single
+// dispatch by where they ran. A dispatch's epoch is new for each retry and
+// each failover move, so these are the duplicates no decision asked for:
+// a lease that ran out (a paused or killed agent), a redelivery after a
+// server restart.
+func rerunsOfOneDispatch(t *testing.T, path string, poison map[string]bool) reruns {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ranOn := map[string]map[string]bool{} // job.step.epoch → agents that ran it
+	var out reruns
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 4 {
+			continue
+		}
+		key := fields[0] + "." + fields[1] + "." + fields[2]
+		agents := ranOn[key]
+		switch {
+		case agents == nil:
+			ranOn[key] = map[string]bool{fields[3]: true}
+		case agents[fields[3]]:
+			out.sameAgent++
+			if poison[fields[0]+"."+fields[1]] {
+				out.poison++
+			}
+		default:
+			out.otherAgent++
+			agents[fields[3]] = true
+		}
+	}
+	return out
 }
 
 // dumpJobLogs writes every line that names one of ids from every process
