@@ -6,11 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // A step that finds every agent at max_concurrent waits: its record says
@@ -52,4 +55,91 @@ func TestStepWaitingForASlotSaysWhy(t *testing.T) {
 	close(release)
 	b.waitJob(t, "job-first", jobstore.JobSucceeded)
 	b.waitJob(t, "job-second", jobstore.JobSucceeded)
+}
+
+// A job waiting for a slot keeps its submission unacknowledged in the
+// scheduler, extended past the ack wait, instead of handing it back to
+// the stream to be redelivered every capacity_retry: the server delivers
+// it once, and the job still starts as soon as the slot frees.
+func TestWaitingJobIsHeldNotRedelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ackWait := time.Second
+	b.startScheduler(t, scheduler.Config{AckWait: protocol.Duration(ackWait), CapacityRetry: protocol.Duration(100 * time.Millisecond)})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "only", Pool: "default", MaxConcurrent: 1})
+	release := make(chan struct{})
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		if task.JobID == "job-first" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return "ok", nil
+	})
+	one := []byte(`{"name":"one","steps":[{"id":"s","action":"echo"}]}`)
+	b.submitNoReply(t, one, "job-first")
+	natstest.Eventually(t, 10*time.Second, "first step dispatched", func() bool {
+		j, _, err := b.store.Job(context.Background(), "job-first")
+		return err == nil && j.Steps[0].State == jobstore.StepDispatched
+	})
+	b.submitNoReply(t, one, "job-second")
+	natstest.Eventually(t, 10*time.Second, "second step waits for the slot", func() bool {
+		j, _, err := b.store.Job(context.Background(), "job-second")
+		return err == nil && strings.Contains(j.Steps[0].Waiting, "at capacity")
+	})
+	// The stimulus, not a wait for a result: three ack waits in which a
+	// handed-back (or unextended) submission would have come back.
+	time.Sleep(3 * ackWait)
+	if n := redelivered(t, b.js, protocol.StreamSubmit); n != 0 {
+		t.Fatalf("the server redelivered %d submissions while the job waited for a slot", n)
+	}
+	close(release)
+	b.waitJob(t, "job-first", jobstore.JobSucceeded)
+	b.waitJob(t, "job-second", jobstore.JobSucceeded)
+	natstest.Eventually(t, 10*time.Second, "both submissions acknowledged", func() bool {
+		return pendingAcks(t, b.js, protocol.StreamSubmit) == 0
+	})
+	if n := redelivered(t, b.js, protocol.StreamSubmit); n != 0 {
+		t.Fatalf("the server redelivered %d submissions", n)
+	}
+}
+
+// redelivered sums the messages the stream's consumers delivered more
+// than once.
+func redelivered(t *testing.T, js jetstream.JetStream, stream string) int {
+	t.Helper()
+	n := 0
+	for _, info := range consumerInfos(t, js, stream) {
+		n += info.NumRedelivered
+	}
+	return n
+}
+
+// pendingAcks sums the messages the stream's consumers await acks for.
+func pendingAcks(t *testing.T, js jetstream.JetStream, stream string) int {
+	t.Helper()
+	n := 0
+	for _, info := range consumerInfos(t, js, stream) {
+		n += info.NumAckPending
+	}
+	return n
+}
+
+func consumerInfos(t *testing.T, js jetstream.JetStream, stream string) []*jetstream.ConsumerInfo {
+	t.Helper()
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.ConsumerInfo
+	l := s.ListConsumers(context.Background())
+	for info := range l.Info() {
+		out = append(out, info)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

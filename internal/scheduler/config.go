@@ -47,8 +47,10 @@ type Config struct {
 	// again. It is the durable fallback only: a waiting step is retried as
 	// soon as an agent appears or frees a slot. Defaults to 30s.
 	WaitRetry protocol.Duration `yaml:"wait_retry"`
-	// CapacityRetry is how soon a message whose step found every eligible
-	// agent at max_concurrent is handled again. Defaults to 200ms.
+	// CapacityRetry is how soon a job whose step found every eligible
+	// agent at max_concurrent is tried again if no freed slot wakes it
+	// first. Its messages stay unacknowledged in the scheduler meanwhile
+	// (extended past AckWait), not handed back. Defaults to 200ms.
 	CapacityRetry protocol.Duration `yaml:"capacity_retry"`
 	// Selection chooses agents (strategies per pool, health factors).
 	Selection selection.Config `yaml:"selection"`

@@ -63,6 +63,8 @@ type worker struct {
 	// ctx is the context run was given, for the calls a turn makes
 	// outside its write rounds (concurrency keys, rate limits).
 	ctx context.Context
+	// lastSweep is when dueRetries last looked at the waiting jobs.
+	lastSweep time.Time
 }
 
 // maxCachedJobs bounds the jobs one worker keeps in memory; a dropped job
@@ -93,13 +95,26 @@ func (w *worker) trimCache() {
 type waiter struct {
 	inFlight int       // its steps in flight when it last found no slot
 	since    time.Time // when it began to wait
+	// held are the job's messages, kept unacknowledged while it waits: the
+	// durable claim on its dispatch if this process dies. Handing them back
+	// to the stream (a Nak with delay) made the server redeliver each
+	// waiting job every capacity_retry, a third of the scheduler's
+	// deliveries at full load (docs/performance.md, session 7).
+	held []jetstream.Msg
+	// retryAt is when the job is tried again if no wake comes first: the
+	// in-memory form of the redelivery the Nak asked for.
+	retryAt time.Time
+	// extended is when the held messages' ack deadline last started (their
+	// delivery, or the last InProgress); past half the ack wait they are
+	// extended.
+	extended time.Time
 }
 
 // wakeBudget is how many waiting jobs one wake retries in a worker. A wake
 // comes with each freed slot (at most every wakeEvery) and with each
 // presence change; retrying every waiting job at each was 5 attempts per
 // dispatch with 1,500 jobs waiting (11,000 a second). The rest wait for
-// the next wake or their messages' redelivery (capacity_retry).
+// the next wake or their retry (capacity_retry, dueRetries).
 const wakeBudget = 16
 
 // wakeEvery bounds how often presence changes wake a worker's waiting jobs.
@@ -146,20 +161,91 @@ func newWorker(s *Scheduler) *worker {
 		ctx: context.Background(), gated: map[string]time.Time{}, wakes: map[string]time.Time{}}
 }
 
-// run handles turns until ctx ends, then finishes what it holds.
+// run handles turns until ctx ends, then hands back what it holds.
 func (w *worker) run(ctx context.Context) {
 	w.ctx = ctx
+	defer w.handBackHeld()
 	for {
 		batch := w.q.take(turnInputs)
+		batch = append(batch, w.dueRetries(w.s.now())...)
 		if len(batch) == 0 {
+			var (
+				tick  <-chan time.Time
+				timer *time.Timer
+			)
+			if len(w.waiting) > 0 {
+				timer = time.NewTimer(w.sweepEvery())
+				tick = timer.C
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-w.q.signal:
-				continue
+			case <-tick:
 			}
+			if timer != nil {
+				timer.Stop()
+			}
+			continue
 		}
 		w.turn(ctx, batch)
+	}
+}
+
+// sweepEvery is how often an idle worker looks for waiting jobs due a
+// retry or an extension of their held messages.
+func (w *worker) sweepEvery() time.Duration {
+	return max(min(w.s.cfg.CapacityRetry.Std()/4, 50*time.Millisecond), time.Millisecond)
+}
+
+// dueRetries returns a wake for every waiting job whose retry is due (at
+// most turnInputs, at most once per sweepEvery), and extends the ack
+// deadline of messages held for longer than half the ack wait.
+func (w *worker) dueRetries(now time.Time) []input {
+	if len(w.waiting) == 0 || now.Sub(w.lastSweep) < w.sweepEvery() {
+		return nil
+	}
+	w.lastSweep = now
+	var out []input
+	extendAfter := w.s.cfg.AckWait.Std() / 2
+	for id, wt := range w.waiting {
+		if len(wt.held) > 0 && now.Sub(wt.extended) >= extendAfter {
+			for _, m := range wt.held {
+				_ = m.InProgress()
+			}
+			wt.extended = now
+			w.waiting[id] = wt
+		}
+		if len(out) < turnInputs && !wt.retryAt.After(now) {
+			out = append(out, input{kind: inWake, job: id, at: now})
+		}
+	}
+	return out
+}
+
+// takeHeld removes and returns the messages held for a waiting job; its
+// turn settles them with its own.
+func (w *worker) takeHeld(id string) []jetstream.Msg {
+	wt, ok := w.waiting[id]
+	if !ok || len(wt.held) == 0 {
+		return nil
+	}
+	held := wt.held
+	wt.held = nil
+	w.waiting[id] = wt
+	return held
+}
+
+// handBackHeld returns every held message to its stream when the worker
+// stops, so that the scheduler taking its partition has them at once
+// rather than after the ack wait.
+func (w *worker) handBackHeld() {
+	for id, wt := range w.waiting {
+		for _, m := range wt.held {
+			_ = m.Nak()
+		}
+		wt.held = nil
+		w.waiting[id] = wt
 	}
 }
 
@@ -188,8 +274,9 @@ type jobTurn struct {
 	err      error // a lost CAS or a store error: the inputs are retried
 	more     bool  // more ready steps than one slice: continue
 	// wait, when set, says the job waits (no agent, a retry's backoff):
-	// its messages are handed back with this delay, the durable fallback
-	// to an in-memory wake.
+	// it is tried again after this delay if nothing wakes it first. A job
+	// waiting for an agent or a slot keeps its messages (waiter.held); any
+	// other wait hands them back to be redelivered then.
 	wait     time.Duration
 	finished bool
 	// fresh says the job's state was read from the store (or created) in
@@ -254,6 +341,13 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 	}
 	if len(later) > 0 {
 		w.q.push(later...)
+	}
+	for _, jt := range order {
+		// A waiting job's held messages are settled by whatever turn it
+		// gets next, as if they had been redelivered with its input.
+		if len(jt.inputs) > 0 {
+			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
+		}
 	}
 	now := w.s.now().UTC()
 	w.turns++
@@ -433,11 +527,11 @@ func (w *worker) finish(jt *jobTurn) {
 				_ = in.req.Respond(protocol.OKReply(""))
 			}
 		}
+		msgs = append(msgs, in.held...)
 		if in.msg != nil && jt.settle[k].term != "" {
 			_ = in.msg.TermWithReason(jt.settle[k].term)
 			continue
 		}
-		msgs = append(msgs, in.held...)
 		if in.msg != nil {
 			msgs = append(msgs, in.msg)
 		}
@@ -456,15 +550,28 @@ func (w *worker) finish(jt *jobTurn) {
 		// backoff wakes its own job (workflow.go), and waking every gated
 		// job at each freed slot stormed the concurrency key's record.
 		if jt.agentWait {
+			// Held, not handed back: a freed slot, a presence change or
+			// retryAt brings the job back with its messages.
+			now := w.s.now()
 			wt, ok := w.waiting[jt.id]
 			if !ok {
-				wt.since = w.s.now()
+				wt.since = now
 			}
 			wt.inFlight = jt.js.inFlight()
+			wt.retryAt = now.Add(jt.wait)
+			for _, in := range jt.inputs {
+				if in.msg == nil || in.at.IsZero() {
+					continue // held ones keep the waiter's extended
+				}
+				if wt.extended.IsZero() || in.at.Before(wt.extended) {
+					wt.extended = in.at
+				}
+			}
+			wt.held = append(wt.held, msgs...)
 			w.waiting[jt.id] = wt
-		} else {
-			delete(w.waiting, jt.id)
+			return
 		}
+		delete(w.waiting, jt.id)
 		for _, m := range msgs {
 			_ = m.NakWithDelay(jt.wait)
 		}
