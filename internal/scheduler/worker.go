@@ -167,7 +167,9 @@ func (w *worker) run(ctx context.Context) {
 	defer w.handBackHeld()
 	for {
 		batch := w.q.take(turnInputs)
-		batch = append(batch, w.dueRetries(w.s.now())...)
+		if ctx.Err() == nil { // stopping: finish what is queued, retry nothing
+			batch = append(batch, w.dueRetries(w.s.now())...)
+		}
 		if len(batch) == 0 {
 			var (
 				tick  <-chan time.Time
