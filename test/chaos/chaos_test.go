@@ -291,14 +291,22 @@ func TestChaos(t *testing.T) {
 		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
 	t.Logf("seed %d: shapes %v; %d sagas compensated in reverse order", seed, shapes, sagas)
 	again := rerunsOfOneDispatch(t, c.ledger, poisonSteps)
-	t.Logf("seed %d: of the %d duplicate executions, %d ran a dispatch again on the agent that already ran it (%d of a poison step), %d on another agent; %d were new dispatches (retries, failover moves, poison)",
-		seed, duplicates, again.sameAgent, again.poison, again.otherAgent, duplicates-again.sameAgent-again.otherAgent)
+	t.Logf("seed %d: of the %d duplicate executions, %d ran a dispatch again on the agent that already ran it (%d of a poison step; %d others after the agent restarted, %d in the same agent process), %d on another agent; %d were new dispatches (retries, failover moves, poison)",
+		seed, duplicates, again.sameAgent, again.poison, again.restarted, again.sameProcess, again.otherAgent,
+		duplicates-again.sameAgent-again.otherAgent)
+	for _, r := range again.inProcess[:min(len(again.inProcess), 10)] {
+		t.Logf("seed %d: ran again in the same agent process: %s", seed, r)
+	}
 }
 
 // reruns counts executions of a dispatch (job, step, epoch) after its first.
 type reruns struct {
 	sameAgent, otherAgent int
-	poison                int // of sameAgent, those of poison steps (each one crashed the agent)
+	// Of sameAgent: poison steps (each run crashed the agent), others
+	// after the agent process restarted (a run killed with it), and
+	// others in the process that ran it already (no process died).
+	poison, restarted, sameProcess int
+	inProcess                      []string // the sameProcess ones, described
 }
 
 // rerunsOfOneDispatch splits the ledger's repeated executions of a single
@@ -313,27 +321,43 @@ func rerunsOfOneDispatch(t *testing.T, path string, poison map[string]bool) reru
 		t.Fatal(err)
 	}
 	defer f.Close()
-	ranOn := map[string]map[string]bool{} // job.step.epoch → agents that ran it
+	type run struct{ pid, at string }
+	ranOn := map[string]map[string]run{} // job.step.epoch → agent → its last run
 	var out reruns
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) != 4 {
+		fields := strings.Fields(sc.Text()) // job step epoch agent [pid unix-millis]
+		if len(fields) < 4 {
 			continue
+		}
+		var this run
+		if len(fields) >= 6 {
+			this = run{pid: fields[4], at: fields[5]}
 		}
 		key := fields[0] + "." + fields[1] + "." + fields[2]
 		agents := ranOn[key]
+		prev, again := agents[fields[3]]
 		switch {
 		case agents == nil:
-			ranOn[key] = map[string]bool{fields[3]: true}
-		case agents[fields[3]]:
+			ranOn[key] = map[string]run{fields[3]: this}
+		case again:
 			out.sameAgent++
-			if poison[fields[0]+"."+fields[1]] {
+			switch {
+			case poison[fields[0]+"."+fields[1]]:
 				out.poison++
+			case prev.pid != this.pid:
+				out.restarted++
+			default:
+				out.sameProcess++
+				first, _ := strconv.ParseInt(prev.at, 10, 64)
+				last, _ := strconv.ParseInt(this.at, 10, 64)
+				out.inProcess = append(out.inProcess, fmt.Sprintf("%s on %s (pid %s), %d ms after the run before",
+					key, fields[3], this.pid, last-first))
 			}
+			agents[fields[3]] = this
 		default:
 			out.otherAgent++
-			agents[fields[3]] = true
+			agents[fields[3]] = this
 		}
 	}
 	return out
@@ -424,7 +448,7 @@ func readLedger(t *testing.T, path string) map[string]int {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) == 4 {
+		if len(fields) >= 4 {
 			out[fields[0]+"."+fields[1]]++
 		}
 	}

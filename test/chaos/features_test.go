@@ -85,7 +85,7 @@ func checkUndoOrder(t *testing.T, path string, jobs map[string]job) (sagas int) 
 	first := map[string]int{}
 	sc := bufio.NewScanner(f)
 	for line := 0; sc.Scan(); line++ {
-		if fields := strings.Fields(sc.Text()); len(fields) == 4 {
+		if fields := strings.Fields(sc.Text()); len(fields) >= 4 {
 			key := fields[0] + "." + fields[1]
 			if _, ok := first[key]; !ok {
 				first[key] = line

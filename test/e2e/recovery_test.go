@@ -97,7 +97,11 @@ func TestAgentKilledMidStepCompletesOnAnother(t *testing.T) {
 	}
 	t.Logf("failover record: %v", rec.Data)
 	lines := ledgerLines(t, ledger)
-	if len(lines) != 2 || !strings.HasSuffix(lines[0], " 1 victim") || !strings.HasSuffix(lines[1], " 2 rescuer") {
+	ran := func(line, epoch, agent string) bool {
+		f := strings.Fields(line) // job step epoch agent pid time
+		return len(f) >= 4 && f[2] == epoch && f[3] == agent
+	}
+	if len(lines) != 2 || !ran(lines[0], "1", "victim") || !ran(lines[1], "2", "rescuer") {
 		t.Fatalf("ledger %q", lines)
 	}
 }

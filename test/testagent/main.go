@@ -1,6 +1,6 @@
 // Command testagent is a Warden agent for end-to-end and chaos tests. Its
 // handlers record every execution in a ledger file (one line per run:
-// job step epoch agent), so a test can count executions independently of
+// job step epoch agent pid unix-millis), so a test can count executions independently of
 // the job store.
 //
 // Actions:
@@ -50,7 +50,7 @@ type ledger struct {
 func (l *ledger) record(t *agent.Task) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, err := fmt.Fprintf(l.f, "%s %s %d %s\n", t.JobID, t.StepID, t.Epoch, l.id); err != nil {
+	if _, err := fmt.Fprintf(l.f, "%s %s %d %s %d %d\n", t.JobID, t.StepID, t.Epoch, l.id, os.Getpid(), time.Now().UnixMilli()); err != nil {
 		return err
 	}
 	return l.f.Sync()
