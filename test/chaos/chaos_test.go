@@ -181,6 +181,19 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("%d of %d accepted jobs not terminal", len(stuck), len(ids))
 	}
 
+	// The drain time is the slowest job's story: name it, with its logs.
+	var last *jobstore.Job
+	for _, id := range ids {
+		if j, _, err := store.Job(ctx, id); err == nil && (last == nil || j.FinishedAt.After(last.FinishedAt)) {
+			last = j
+		}
+	}
+	if last != nil {
+		t.Logf("seed %d: last job to finish: %s, %s after the faults stopped: %s; every process's lines about it: %s",
+			seed, last.ID, last.FinishedAt.Sub(chaosEnd).Round(time.Millisecond), describeJob(ctx, store, last.ID),
+			dumpJobLogs(c, []string{last.ID}))
+	}
+
 	// Verify.
 	byID := map[string]job{}
 	for _, j := range jobs {
