@@ -22,18 +22,7 @@ func TestStepWaitingForASlotSaysWhy(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "only", Pool: "default", MaxConcurrent: 1})
-	release := make(chan struct{})
-	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
-		if task.JobID == "job-first" {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return "ok", nil
-	})
+	release := oneSlotAgent(t, b, "job-first")
 	step := func(id string) *jobstore.Step {
 		j, _, err := b.store.Job(context.Background(), id)
 		if err != nil || len(j.Steps) != 1 {
@@ -66,18 +55,7 @@ func TestWaitingJobIsHeldNotRedelivered(t *testing.T) {
 	b := setup(t)
 	ackWait := time.Second
 	b.startScheduler(t, scheduler.Config{AckWait: protocol.Duration(ackWait), CapacityRetry: protocol.Duration(100 * time.Millisecond)})
-	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "only", Pool: "default", MaxConcurrent: 1})
-	release := make(chan struct{})
-	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
-		if task.JobID == "job-first" {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		return "ok", nil
-	})
+	release := oneSlotAgent(t, b, "job-first")
 	one := []byte(`{"name":"one","steps":[{"id":"s","action":"echo"}]}`)
 	b.submitNoReply(t, one, "job-first")
 	natstest.Eventually(t, 10*time.Second, "first step dispatched", func() bool {
@@ -142,4 +120,23 @@ func consumerInfos(t *testing.T, js jetstream.JetStream, stream string) []*jetst
 		t.Fatal(err)
 	}
 	return out
+}
+
+// oneSlotAgent starts the only agent, with one slot, whose handler holds
+// the task of job holdJob until the returned channel is closed.
+func oneSlotAgent(t *testing.T, b *bundle, holdJob string) chan struct{} {
+	t.Helper()
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "only", Pool: "default", MaxConcurrent: 1})
+	release := make(chan struct{})
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		if task.JobID == holdJob {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return "ok", nil
+	})
+	return release
 }
