@@ -10,6 +10,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/internal/testhook"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -133,6 +134,52 @@ func TestRedeliveryOfReportedTaskIsAckedUnrun(t *testing.T) {
 		info := b.consumerInfo(t)
 		return b.taskMessages(t) == 0 && info.Delivered.Consumer == 2 && info.NumAckPending == 0
 	})
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want once", n)
+	}
+}
+
+// A second message for a dispatch whose run has stored its result but not
+// yet acked its own message (a task published again) is acked unrun at
+// once: the run's ack settles only its own message, and left to it, the
+// second waited a whole lease for its redelivery.
+func TestSecondMessageAsRunFinishesIsAckedUnrun(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	close(release)
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: s, nc: nc, js: js}
+	task := protocol.Task{JobID: "finishing", StepID: "s", Action: "hold"}
+	var settledMeanwhile atomic.Bool
+	hooks := &testhook.Hooks{Reported: func(job, _ string) {
+		if job != task.JobID || runs.Load() != 1 {
+			return
+		}
+		// The first run's result is stored and its message not yet acked:
+		// the same dispatch arrives as a second message now.
+		m := b.taskMsg(t, task)
+		m.Header.Set(protocol.HeaderMsgID, "again")
+		if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+			t.Error(err)
+			return
+		}
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if b.taskMessages(t) == 1 { // the second acked, the first still held here
+				settledMeanwhile.Store(true)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}}
+	b.start(t, testConfig("a1"), holdHandler(&runs, make(chan struct{}, 1), release), testhook.Option(hooks).(agent.Option))
+	b.publish(t, task)
+	b.result(t, task.JobID, "s")
+	natstest.Eventually(t, 10*time.Second, "both messages acked", func() bool { return b.taskMessages(t) == 0 })
+	if !settledMeanwhile.Load() {
+		t.Fatal("the second message was not acked while the first run finished")
+	}
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want once", n)
 	}

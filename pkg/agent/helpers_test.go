@@ -51,9 +51,9 @@ func setup(t *testing.T, cfg agent.Config, register func(*agent.Agent)) *bundle 
 	return b
 }
 
-func (b *bundle) start(t *testing.T, cfg agent.Config, register func(*agent.Agent)) {
+func (b *bundle) start(t *testing.T, cfg agent.Config, register func(*agent.Agent), opts ...agent.Option) {
 	t.Helper()
-	a, err := agent.New(cfg, agent.WithConn(b.nc), testLogger(t))
+	a, err := agent.New(cfg, append([]agent.Option{agent.WithConn(b.nc), testLogger(t)}, opts...)...)
 	if err != nil {
 		t.Fatalf("new agent: %v", err)
 	}

@@ -52,6 +52,14 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	defer cancelHandler(context.Canceled)
 	run := &runningTask{cancel: cancelHandler}
 	if _, dup := a.running.LoadOrStore(runKey, run); dup {
+		if a.reported.has(runKey) {
+			// The run stored its result and is acking its own message:
+			// this is another message for the same dispatch (a task
+			// published again), which that ack does not settle.
+			log.Info().Msg("task delivered again as its run here finishes, its result stored: acking it without running it again")
+			a.ackReported(workCtx, msg, log)
+			return
+		}
 		// A re-created task consumer (after a restart of a lone server,
 		// which forgets it) delivers again what this agent runs. The run in
 		// progress reports, and its ack (by stream sequence) settles this

@@ -84,6 +84,9 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 	}
 	logResult(log, res)
 	a.reported.add(runKey)
+	if a.hooks != nil && a.hooks.Reported != nil {
+		a.hooks.Reported(res.JobID, res.StepID)
+	}
 	a.ackReported(workCtx, msg, log)
 }
 

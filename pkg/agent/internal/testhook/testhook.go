@@ -20,6 +20,9 @@ type Hooks struct {
 	// Presence, when set, edits every heartbeat's value before it is
 	// written (e.g. to make an agent look sick to the supervisor).
 	Presence func(*protocol.Presence)
+	// Reported, when set, is called once a task's result is stored and
+	// before its message is acked, with the task's job and step.
+	Reported func(job, step string)
 }
 
 // Option returns an agent.Option (as any: this package cannot import
