@@ -70,39 +70,30 @@ func TestWaitingJobIsHeldNotRedelivered(t *testing.T) {
 	// The stimulus, not a wait for a result: three ack waits in which a
 	// handed-back (or unextended) submission would have come back.
 	time.Sleep(3 * ackWait)
-	if n := redelivered(t, b.js, protocol.StreamSubmit); n != 0 {
+	if n, _ := consumerTotals(t, b.js, protocol.StreamSubmit); n != 0 {
 		t.Fatalf("the server redelivered %d submissions while the job waited for a slot", n)
 	}
 	close(release)
 	b.waitJob(t, "job-first", jobstore.JobSucceeded)
 	b.waitJob(t, "job-second", jobstore.JobSucceeded)
 	natstest.Eventually(t, 10*time.Second, "both submissions acknowledged", func() bool {
-		return pendingAcks(t, b.js, protocol.StreamSubmit) == 0
+		_, pending := consumerTotals(t, b.js, protocol.StreamSubmit)
+		return pending == 0
 	})
-	if n := redelivered(t, b.js, protocol.StreamSubmit); n != 0 {
+	if n, _ := consumerTotals(t, b.js, protocol.StreamSubmit); n != 0 {
 		t.Fatalf("the server redelivered %d submissions", n)
 	}
 }
 
-// redelivered sums the messages the stream's consumers delivered more
-// than once.
-func redelivered(t *testing.T, js jetstream.JetStream, stream string) int {
+// consumerTotals sums, over the stream's consumers, the messages delivered
+// more than once and those awaiting an ack.
+func consumerTotals(t *testing.T, js jetstream.JetStream, stream string) (redelivered, pending int) {
 	t.Helper()
-	n := 0
 	for _, info := range consumerInfos(t, js, stream) {
-		n += info.NumRedelivered
+		redelivered += info.NumRedelivered
+		pending += info.NumAckPending
 	}
-	return n
-}
-
-// pendingAcks sums the messages the stream's consumers await acks for.
-func pendingAcks(t *testing.T, js jetstream.JetStream, stream string) int {
-	t.Helper()
-	n := 0
-	for _, info := range consumerInfos(t, js, stream) {
-		n += info.NumAckPending
-	}
-	return n
+	return redelivered, pending
 }
 
 func consumerInfos(t *testing.T, js jetstream.JetStream, stream string) []*jetstream.ConsumerInfo {
