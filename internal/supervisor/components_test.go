@@ -296,7 +296,7 @@ func TestConfirmRetryBacksOffToItsBound(t *testing.T) {
 	for n := uint64(1); n <= 8; n++ {
 		got = append(got, confirmRetry(time.Second, n))
 	}
-	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, maxConfirmRetry, maxConfirmRetry,
 		maxConfirmRetry, maxConfirmRetry, maxConfirmRetry}
 	if !slices.Equal(got, want) {
 		t.Fatalf("confirmRetry: %v, want %v", got, want)
