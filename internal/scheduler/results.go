@@ -72,6 +72,15 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	}
 	js := jt.js
 	i, ok := js.byID[r.StepID]
+	if !ok && !jt.fresh {
+		// A step the cached copy lacks may have been added since by the
+		// scheduler that owned the job meanwhile (a compensation step
+		// appended when the job failed): read the job again. Rejected on
+		// the copy, the step's result was lost and the step waited for
+		// its lease (seen in make chaos: a saga stuck for 5m30s).
+		jt.reload = true
+		return
+	}
 	if !ok {
 		w.s.rejectResult(jt, k, reasonUnknownStep, fmt.Errorf("job %s has no step %s", r.JobID, r.StepID), r)
 		return
