@@ -226,7 +226,8 @@ func TestChaos(t *testing.T) {
 				t.Errorf("poison step %s is %s, not dead-lettered", key, s.State)
 			}
 			if s.State == jobstore.StepSucceeded && executions[key] == 0 {
-				t.Errorf("step %s succeeded but never ran according to the ledger", key)
+				t.Errorf("step %s succeeded but never ran according to the ledger: %s (actor %s, epoch %d); every process's lines about its job: %s",
+					key, describeJob(ctx, store, id), s.Actor, s.Epoch, dumpJobLogs(c, []string{id}))
 			}
 			if s.Cluster != "" && s.State == jobstore.StepSucceeded {
 				if o, ok := clusterOwner[s.ClusterEpoch]; ok && o != s.Actor {
