@@ -51,28 +51,25 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	hctx, cancelHandler := context.WithCancelCause(workCtx)
 	defer cancelHandler(context.Canceled)
 	run := &runningTask{cancel: cancelHandler}
-	if _, dup := a.running.LoadOrStore(runKey, run); dup {
-		if a.reported.has(runKey) {
-			// The run stored its result and is acking its own message:
-			// this is another message for the same dispatch (a task
-			// published again), which that ack does not settle.
-			log.Info().Msg("task delivered again as its run here finishes, its result stored: acking it without running it again")
-			a.ackReported(workCtx, msg, log)
-			return
-		}
+	_, dup := a.running.LoadOrStore(runKey, run)
+	if !dup {
+		defer a.running.CompareAndDelete(runKey, run)
+	}
+	// Checked after registering: a run that ended has recorded its report
+	// before it stopped counting as running. A stored result settles this
+	// delivery whatever brought it (a lost ack, a task published again as
+	// another message, which the run's own ack does not settle).
+	if a.reported.has(runKey) {
+		log.Info().Msg("delivered again after its result was stored here: acking it without running it again")
+		a.ackReported(workCtx, msg, log)
+		return
+	}
+	if dup {
 		// A re-created task consumer (after a restart of a lone server,
 		// which forgets it) delivers again what this agent runs. The run in
 		// progress reports, and its ack (by stream sequence) settles this
 		// delivery too.
 		log.Info().Msg("task delivered again while it runs here: leaving it to the run in progress")
-		return
-	}
-	defer a.running.CompareAndDelete(runKey, run)
-	// Checked while registered: a run that ended has recorded its report
-	// before it stopped counting as running.
-	if a.reported.has(runKey) {
-		log.Info().Msg("redelivered task whose result this agent already stored (the ack was lost): acking it without running it again")
-		a.ackReported(workCtx, msg, log)
 		return
 	}
 
