@@ -72,12 +72,22 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	}
 	js := jt.js
 	i, ok := js.byID[r.StepID]
-	if !ok && !jt.fresh {
-		// A step the cached copy lacks may have been added since by the
-		// scheduler that owned the job meanwhile (a compensation step
-		// appended when the job failed): read the job again. Rejected on
-		// the copy, the step's result was lost and the step waited for
-		// its lease (seen in make chaos: a saga stuck for 5m30s).
+	var st *jobstore.Step
+	if ok {
+		st = js.steps[i]
+		if alreadyApplied(st, *r) {
+			return // a redelivery after the write: the advance below is all that is left
+		}
+	}
+	fits := ok && r.Epoch == st.Epoch && st.State == jobstore.StepDispatched && r.Agent == st.Actor && st.TokenMatches(r.Token)
+	if !fits && !jt.fresh {
+		// The cached records may be older than the store: another
+		// scheduler may have owned the job meanwhile (a partition moves
+		// when its owner freezes or dies) and dispatched the step again,
+		// or added it (a compensation step). Judge a result against what
+		// is stored, never against a copy: read the job again and
+		// re-apply. Rejected on the copy, an added step's result was lost
+		// and the step waited for its lease (make chaos: a saga, 5m30s).
 		jt.reload = true
 		return
 	}
@@ -85,21 +95,8 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		w.s.rejectResult(jt, k, reasonUnknownStep, fmt.Errorf("job %s has no step %s", r.JobID, r.StepID), r)
 		return
 	}
-	st := js.steps[i]
 	log := w.log.With().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).
 		Uint64(logging.FieldEpoch, r.Epoch).Str(logging.FieldAgent, r.Agent).Logger()
-	if alreadyApplied(st, *r) {
-		return // a redelivery after the write: the advance below is all that is left
-	}
-	mismatch := r.Epoch != st.Epoch || st.State != jobstore.StepDispatched || r.Agent != st.Actor || !st.TokenMatches(r.Token)
-	if mismatch && !jt.fresh {
-		// The cached records may be older than the store: another
-		// scheduler may have owned the job meanwhile (a partition moves
-		// when its owner freezes or dies). Judge a result against what is
-		// stored, never against a copy: read the job again and re-apply.
-		jt.reload = true
-		return
-	}
 	if r.Epoch != st.Epoch || st.State != jobstore.StepDispatched {
 		w.s.metrics.StaleResult()
 		log.Warn().Str("state", string(st.State)).Uint64("step_epoch", st.Epoch).Msg("stale result dropped")
