@@ -171,22 +171,15 @@ func (w *worker) run(ctx context.Context) {
 			batch = append(batch, w.dueRetries(w.s.now())...)
 		}
 		if len(batch) == 0 {
-			var (
-				tick  <-chan time.Time
-				timer *time.Timer
-			)
+			var sweep <-chan time.Time // nil: nothing waits, nothing to sweep
 			if len(w.waiting) > 0 {
-				timer = time.NewTimer(w.sweepEvery())
-				tick = timer.C
+				sweep = time.After(w.sweepEvery())
 			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-w.q.signal:
-			case <-tick:
-			}
-			if timer != nil {
-				timer.Stop()
+			case <-sweep:
 			}
 			continue
 		}
@@ -242,12 +235,10 @@ func (w *worker) takeHeld(id string) []jetstream.Msg {
 // stops, so that the scheduler taking its partition has them at once
 // rather than after the ack wait.
 func (w *worker) handBackHeld() {
-	for id, wt := range w.waiting {
+	for _, wt := range w.waiting {
 		for _, m := range wt.held {
 			_ = m.Nak()
 		}
-		wt.held = nil
-		w.waiting[id] = wt
 	}
 }
 
