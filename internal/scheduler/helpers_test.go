@@ -14,6 +14,7 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -130,4 +131,44 @@ func (b *bundle) submitNoReply(t *testing.T, body []byte, jobID string) {
 	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// storeRunningJob writes job id, running, with every step of sp
+// dispatched (storeDispatched).
+func storeRunningJob(tb testing.TB, store *jobstore.Store, id string, sp spec.Job, now time.Time) {
+	tb.Helper()
+	job := jobstore.NewJob(id, sp, now)
+	job.State = jobstore.JobRunning
+	if _, err := store.CreateJob(context.Background(), job); err != nil {
+		tb.Fatal(err)
+	}
+	storeDispatched(tb, store, id, sp.Steps, now)
+}
+
+// storeDispatched writes steps of job jobID to the store as a scheduler
+// other than the one under test would have: dispatched to agent-1 at
+// epoch 1, without a lease token.
+func storeDispatched(tb testing.TB, store *jobstore.Store, jobID string, steps []spec.Step, now time.Time) {
+	tb.Helper()
+	sts, err := jobstore.NewSteps(jobID, spec.Job{Name: jobID, Steps: steps}, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, st := range sts {
+		_ = st.Dispatch("agent-1", "", now, time.Hour)
+		if _, err := store.CreateStep(context.Background(), st); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// agentResult is agent-1's succeeded result for a step dispatched by
+// storeDispatched.
+func agentResult(job, step string, now time.Time) *nats.Msg {
+	r := protocol.Result{JobID: job, StepID: step, Epoch: 1, Agent: "agent-1", Status: protocol.ResultSucceeded, StartedAt: now, FinishedAt: now}
+	body, _ := json.Marshal(r)
+	m := nats.NewMsg(protocol.ResultSubject("default", "agent-1", job, step))
+	m.Data = body
+	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(job, step, 1, ""))
+	return m
 }

@@ -2,7 +2,6 @@ package scheduler_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -58,37 +57,15 @@ func BenchmarkResultHandling(b *testing.B) {
 	defer func() { _ = sub.Unsubscribe() }()
 	sp := spec.Job{Name: "bench", Steps: []spec.Step{{ID: "s", Action: "noop"}}}
 	now := time.Now().UTC()
-	// Dispatched steps, written before the clock starts.
-	prepare := func(n, from int) {
-		for i := from; i < from+n; i++ {
-			id := fmt.Sprintf("job-%d", i)
-			job := jobstore.NewJob(id, sp, now)
-			job.State = jobstore.JobRunning
-			if _, err := store.CreateJob(ctx, job); err != nil {
-				b.Fatal(err)
-			}
-			sts, _ := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
-			_ = sts[0].Dispatch("agent-1", "", now, time.Hour)
-			if _, err := store.CreateStep(ctx, sts[0]); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
 	next := 0
 	b.ReportAllocs()
 	for b.Loop() {
+		// The job and its dispatched step, written before the clock starts.
 		b.StopTimer()
-		prepare(1, next)
 		id := fmt.Sprintf("job-%d", next)
 		next++
-		r := protocol.Result{JobID: id, StepID: "s", Epoch: 1, Agent: "agent-1", Status: protocol.ResultSucceeded, StartedAt: now, FinishedAt: now}
-		body, _ := json.Marshal(r)
-		m := nats.NewMsg(protocol.ResultSubject("default", "agent-1", id, "s"))
-		m.Data = body
-		m.Header.Set(protocol.HeaderJob, id)
-		m.Header.Set(protocol.HeaderStep, "s")
-		m.Header.Set(protocol.HeaderEpoch, "1")
-		m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(id, "s", 1, ""))
+		storeRunningJob(b, store, id, sp, now)
+		m := agentResult(id, "s", now)
 		b.StartTimer()
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			b.Fatal(err)
