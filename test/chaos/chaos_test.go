@@ -199,7 +199,11 @@ func TestChaos(t *testing.T) {
 	for _, j := range jobs {
 		byID[j.id] = j
 	}
-	executions := readLedger(t, c.ledger)
+	runs := readLedger(t, c.ledger)
+	executions := map[string]int{} // job.step → runs
+	for _, r := range runs {
+		executions[r.job+"."+r.step]++
+	}
 	poisonSteps := map[string]bool{}
 	clusterOwner := map[uint64]string{} // cluster epoch → the member that completed its steps
 	for _, id := range ids {
@@ -274,7 +278,7 @@ func TestChaos(t *testing.T) {
 	for _, id := range ids {
 		acceptedJobs[id] = byID[id]
 	}
-	sagas := checkUndoOrder(t, c.ledger, acceptedJobs)
+	sagas := checkUndoOrder(t, runs, acceptedJobs)
 	shapes := map[string]int{}
 	for _, id := range ids {
 		shapes[byID[id].shape]++
@@ -301,78 +305,57 @@ func TestChaos(t *testing.T) {
 		seed, len(ids), len(poisonSteps), counts["agent kills"], counts["agent pauses"], counts["scheduler kills"],
 		counts["supervisor leader kills"], counts["nats restarts"], restarts)
 	t.Logf("seed %d: %d failovers, %d tasks transferred, %d executions of %d steps (%d duplicate), %d stale results dropped, %d dead letters, drained %s after the faults stopped",
-		seed, failovers, transferred, sumValues(executions), len(executions), duplicates,
+		seed, failovers, transferred, len(runs), len(executions), duplicates,
 		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
 	t.Logf("seed %d: shapes %v; %d sagas compensated in reverse order", seed, shapes, sagas)
-	again := rerunsOfOneDispatch(t, c.ledger, poisonSteps)
+	again := rerunsOfOneDispatch(runs, poisonSteps)
 	t.Logf("seed %d: of the %d duplicate executions, %d ran a dispatch again on the agent that already ran it (%d of a poison step; %d others after the agent restarted, %d in the same agent process), %d on another agent; %d were new dispatches (retries, failover moves, poison)",
-		seed, duplicates, again.sameAgent, again.poison, again.restarted, again.sameProcess, again.otherAgent,
-		duplicates-again.sameAgent-again.otherAgent)
+		seed, duplicates, again.sameAgent(), again.poison, again.restarted, len(again.inProcess),
+		again.otherAgent, duplicates-again.sameAgent()-again.otherAgent)
 	for _, r := range again.inProcess[:min(len(again.inProcess), 10)] {
 		t.Logf("seed %d: ran again in the same agent process: %s", seed, r)
 	}
 }
 
-// reruns counts executions of a dispatch (job, step, epoch) after its first.
+// reruns counts executions of a dispatch (job, step, epoch) after its
+// first: on the agent that ran it already, split into poison steps (each
+// run crashed the agent), runs after the agent process restarted (a run
+// killed with it) and runs repeated by a live process (inProcess,
+// described); or on another agent.
 type reruns struct {
-	sameAgent, otherAgent int
-	// Of sameAgent: poison steps (each run crashed the agent), others
-	// after the agent process restarted (a run killed with it), and
-	// others in the process that ran it already (no process died).
-	poison, restarted, sameProcess int
-	inProcess                      []string // the sameProcess ones, described
+	poison, restarted, otherAgent int
+	inProcess                     []string
 }
+
+func (r reruns) sameAgent() int { return r.poison + r.restarted + len(r.inProcess) }
 
 // rerunsOfOneDispatch splits the ledger's repeated executions of a single
 // dispatch by where they ran. A dispatch's epoch is new for each retry and
 // each failover move, so these are the duplicates no decision asked for:
 // a lease that ran out (a paused or killed agent), a redelivery after a
 // server restart.
-func rerunsOfOneDispatch(t *testing.T, path string, poison map[string]bool) reruns {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	type run struct{ pid, at string }
-	ranOn := map[string]map[string]run{} // job.step.epoch → agent → its last run
+func rerunsOfOneDispatch(runs []ledgerRun, poison map[string]bool) reruns {
+	last := map[string]map[string]ledgerRun{} // job.step.epoch → agent → its last run there
 	var out reruns
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text()) // job step epoch agent [pid unix-millis]
-		if len(fields) < 4 {
-			continue
+	for _, r := range runs {
+		key := r.job + "." + r.step + "." + r.epoch
+		if last[key] == nil {
+			last[key] = map[string]ledgerRun{}
 		}
-		var this run
-		if len(fields) >= 6 {
-			this = run{pid: fields[4], at: fields[5]}
-		}
-		key := fields[0] + "." + fields[1] + "." + fields[2]
-		agents := ranOn[key]
-		prev, again := agents[fields[3]]
+		prev, again := last[key][r.agent]
 		switch {
-		case agents == nil:
-			ranOn[key] = map[string]run{fields[3]: this}
-		case again:
-			out.sameAgent++
-			switch {
-			case poison[fields[0]+"."+fields[1]]:
-				out.poison++
-			case prev.pid != this.pid:
-				out.restarted++
-			default:
-				out.sameProcess++
-				first, _ := strconv.ParseInt(prev.at, 10, 64)
-				last, _ := strconv.ParseInt(this.at, 10, 64)
-				out.inProcess = append(out.inProcess, fmt.Sprintf("%s on %s (pid %s), %d ms after the run before",
-					key, fields[3], this.pid, last-first))
-			}
-			agents[fields[3]] = this
-		default:
+		case len(last[key]) == 0:
+		case !again:
 			out.otherAgent++
-			agents[fields[3]] = this
+		case poison[r.job+"."+r.step]:
+			out.poison++
+		case prev.pid != r.pid:
+			out.restarted++
+		default:
+			out.inProcess = append(out.inProcess, fmt.Sprintf("%s on %s (pid %s), %d ms after the run before",
+				key, r.agent, r.pid, r.at-prev.at))
 		}
+		last[key][r.agent] = r
 	}
 	return out
 }
@@ -450,31 +433,33 @@ func describeJob(ctx context.Context, store *jobstore.Store, id string) string {
 	return b.String()
 }
 
-// readLedger counts executions per job.step.
-func readLedger(t *testing.T, path string) map[string]int {
+// ledgerRun is one line of the ledger: one execution, as the test agent
+// writes it ("job step epoch agent pid unix-millis").
+type ledgerRun struct {
+	job, step, epoch, agent, pid string
+	at                           int64
+}
+
+// readLedger returns the ledger's executions in the order they began (the
+// agents append with O_APPEND and sync every line).
+func readLedger(t *testing.T, path string) []ledgerRun {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	out := map[string]int{}
+	var out []ledgerRun
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) >= 4 {
-			out[fields[0]+"."+fields[1]]++
+		if len(fields) != 6 {
+			t.Fatalf("ledger line %q is not: job step epoch agent pid unix-millis", sc.Text())
 		}
+		at, _ := strconv.ParseInt(fields[5], 10, 64)
+		out = append(out, ledgerRun{job: fields[0], step: fields[1], epoch: fields[2], agent: fields[3], pid: fields[4], at: at})
 	}
 	return out
-}
-
-func sumValues(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
 }
 
 func readEvents(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind) []protocol.Event {

@@ -1,12 +1,9 @@
 package chaos
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/wardenhq/warden/pkg/spec"
@@ -73,23 +70,13 @@ func featureJob(r *rand.Rand, j job) job {
 }
 
 // checkUndoOrder reports sagas whose compensations did not start in
-// reverse dependency order, from the ledger's order of first executions
-// (the agents append to it with O_APPEND and sync every line).
-func checkUndoOrder(t *testing.T, path string, jobs map[string]job) (sagas int) {
+// reverse dependency order, from the ledger's order of first executions.
+func checkUndoOrder(t *testing.T, runs []ledgerRun, jobs map[string]job) (sagas int) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	first := map[string]int{}
-	sc := bufio.NewScanner(f)
-	for line := 0; sc.Scan(); line++ {
-		if fields := strings.Fields(sc.Text()); len(fields) >= 4 {
-			key := fields[0] + "." + fields[1]
-			if _, ok := first[key]; !ok {
-				first[key] = line
-			}
+	for i, r := range runs {
+		if _, ok := first[r.job+"."+r.step]; !ok {
+			first[r.job+"."+r.step] = i
 		}
 	}
 	for id, j := range jobs {
