@@ -30,8 +30,9 @@ func run(ctx context.Context, args []string) error {
 	chainSteps := fs.Int("chain-steps", 0, "length of the chain in the dag phase (default 100)")
 	historyJobs := fs.Int("history-jobs", 0, "finished jobs the history phase leaves behind (default 20000)")
 	beforeFile := fs.String("before", "", "a previous run's JSON (e.g. bench/results/latest.json): the Markdown table gets a before column")
-	profileDir := fs.String("profile-dir", "", "write CPU profiles of nats-server and of this process over the throughput, job-shaped pipeline and scale windows here")
-	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process scheduler, supervisor and SDK agents)")
+	profileDir := fs.String("profile-dir", "", "write CPU profiles of nats-server, the scheduler and this process over the throughput, job-shaped pipeline and scale windows here")
+	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process supervisor, SDK agents and tracker; --profile-dir also profiles the scheduler binary)")
+	memprofile := fs.String("memprofile", "", "write this process's allocation profile (every allocation sampled since start) when the run ends")
 	workdir := fs.String("workdir", "", "keep binaries and stores here (default: a temp dir, removed)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -72,6 +73,9 @@ func run(ctx context.Context, args []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *memprofile != "" {
+		defer writeAllocProfile(*memprofile)
+	}
 	_ = ctx // phases bound themselves; Ctrl-C kills the run and its children
 	started := time.Now()
 	rep, err := bench.Run(cfg)
@@ -88,4 +92,18 @@ func run(ctx context.Context, args []string) error {
 		fmt.Println("\nwrote", strings.Join(paths, ", "))
 	}
 	return nil
+}
+
+// writeAllocProfile writes the allocation profile: run with --only to see
+// one phase's allocations.
+func writeAllocProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "memprofile:", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "memprofile:", err)
+	}
 }

@@ -42,9 +42,8 @@ func Run(cfg Config) (*Report, error) {
 	}
 	e.recordMachine()
 	var bins []string
-	if slices.ContainsFunc(cfg.Only, func(p string) bool {
-		return p == "failover" || p == "scale" || p == "memory" || p == "history" || p == "cluster"
-	}) {
+	if slices.ContainsFunc(cfg.Only, func(p string) bool { return p != "raw" }) {
+		// Every phase but raw runs the scheduler binary (deploy, or its own).
 		bins = append(bins, "scheduler", "supervisor")
 	}
 	if slices.Contains(cfg.Only, "cluster") {

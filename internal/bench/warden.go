@@ -85,9 +85,14 @@ func (e *Env) writeConfig(name, body string) string {
 	return p
 }
 
-// schedulerProc starts the scheduler binary and waits until it runs.
+// schedulerProc starts the scheduler binary with its defaults and waits
+// until it runs. With a profile directory it serves pprof (profileOf).
 func (e *Env) schedulerProc(tb *runTB, url string, shards int) *procs.Proc {
-	cfg := e.writeConfig("scheduler", fmt.Sprintf("task_shards: %d\nmetrics_addr: \"\"\n", shards))
+	body := fmt.Sprintf("task_shards: %d\nmetrics_addr: \"\"\n", shards)
+	if e.cfg.ProfileDir != "" {
+		body += "pprof_addr: 127.0.0.1:0\n"
+	}
+	cfg := e.writeConfig("scheduler", body)
 	p := procs.Start(tb, "scheduler", e.bins["scheduler"], "--server", url, "--config", cfg)
 	p.WaitOutput(tb, "scheduler running", 60*time.Second)
 	return p

@@ -52,6 +52,11 @@ type Common struct {
 	Partitions  *int
 	MetricsAddr *string
 	LogLevel    *string
+	// GCPercent is the process's garbage collection target (GOGC); nil or
+	// 0 leaves the Go default. GOGC in the environment wins over it.
+	GCPercent *int
+	// PprofAddr serves net/http/pprof; nil or empty: off.
+	PprofAddr *string
 	// ServesOwnMetrics says the process serves MetricsAddr itself (the
 	// agent SDK does); otherwise the daemon serves Env.Registry there.
 	ServesOwnMetrics bool
@@ -86,6 +91,16 @@ func (p Process[C]) run(ctx context.Context, args []string, stdout, stderr io.Wr
 		level = *common.LogLevel
 	}
 	log := logging.New(p.Name, level)
+	if common.GCPercent != nil {
+		setGCPercent(*common.GCPercent, env, log)
+	}
+	if common.PprofAddr != nil && *common.PprofAddr != "" {
+		bound, err := servePprof(ctx, *common.PprofAddr)
+		if err != nil {
+			return fmt.Errorf("pprof on %s: %w", *common.PprofAddr, err)
+		}
+		log.Info().Str("addr", "http://"+bound+"/debug/pprof/").Msg("serving pprof")
+	}
 	if common.ConnectsItself {
 		return p.Serve(ctx, cfg, Env{Log: log, Registry: metrics.NewRegistry()})
 	}

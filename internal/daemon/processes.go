@@ -25,7 +25,8 @@ var Scheduler = Process[scheduler.Config]{
 		"Run as many as you like against the same NATS: they share the partitions.",
 	Default: scheduler.DefaultConfig,
 	Common: func(c *scheduler.Config) Common {
-		return Common{NATS: &c.NATS, TaskShards: &c.TaskShards, Partitions: &c.Partitions, MetricsAddr: &c.MetricsAddr, LogLevel: &c.LogLevel}
+		return Common{NATS: &c.NATS, TaskShards: &c.TaskShards, Partitions: &c.Partitions, MetricsAddr: &c.MetricsAddr, LogLevel: &c.LogLevel,
+			GCPercent: &c.GCPercent, PprofAddr: &c.PprofAddr}
 	},
 	Finish: func(c *scheduler.Config) error { *c = c.WithDefaults(); return c.Validate() },
 	Serve: func(ctx context.Context, c scheduler.Config, env Env) error {
@@ -55,7 +56,8 @@ var Supervisor = Process[supervisor.Config]{
 		"Run two or more against the same NATS: one leads, the others stand by.",
 	Default: supervisor.DefaultConfig,
 	Common: func(c *supervisor.Config) Common {
-		return Common{NATS: &c.NATS, ID: &c.ID, TaskShards: &c.TaskShards, Partitions: &c.Partitions, MetricsAddr: &c.MetricsAddr, LogLevel: &c.LogLevel}
+		return Common{NATS: &c.NATS, ID: &c.ID, TaskShards: &c.TaskShards, Partitions: &c.Partitions, MetricsAddr: &c.MetricsAddr, LogLevel: &c.LogLevel,
+			PprofAddr: &c.PprofAddr}
 	},
 	Finish: func(c *supervisor.Config) error { *c = c.WithDefaults(); return c.Validate() },
 	Serve: func(ctx context.Context, c supervisor.Config, env Env) error {

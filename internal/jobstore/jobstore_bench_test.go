@@ -110,3 +110,43 @@ func BenchmarkStepCodec(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkJobRecordCodec is the JSON encoding of a single-step job's
+// inline record as the scheduler writes it after the dispatch: the write
+// every single-step job makes most often.
+func BenchmarkJobRecordCodec(b *testing.B) {
+	now := time.Now()
+	sp := spec.Job{Name: "bench", Steps: []spec.Step{{ID: "s", Action: "noop", Params: map[string]any{"message": "hi"}}}}
+	j := jobstore.NewJob("job-1", sp, now)
+	steps, err := jobstore.NewSteps(j.ID, sp, jobstore.StepDefaults{Timeout: time.Minute, MaxRetries: 3}, now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := steps[0].Dispatch("agent-1", "token", now, 30*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	j.Inline, j.Steps, j.State = true, steps, jobstore.JobRunning
+	data, err := json.Marshal(j)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			if _, err := json.Marshal(j); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("unmarshal", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			var out jobstore.Job
+			if err := json.Unmarshal(data, &out); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

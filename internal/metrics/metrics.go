@@ -58,14 +58,20 @@ func Serve(ctx context.Context, addr string, g prometheus.Gatherer, checks ...Ch
 	if addr == "" {
 		return "", nil
 	}
+	mux := http.NewServeMux()
+	Handle(mux, g)
+	Health(mux, checks...)
+	return ListenAndServe(ctx, addr, mux)
+}
+
+// ListenAndServe serves h on addr until ctx ends and returns the address it
+// is bound to (addr may ask for port 0).
+func ListenAndServe(ctx context.Context, addr string, h http.Handler) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", err
 	}
-	mux := http.NewServeMux()
-	Handle(mux, g)
-	Health(mux, checks...)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -74,7 +80,7 @@ func Serve(ctx context.Context, addr string, g prometheus.Gatherer, checks ...Ch
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			_ = err // the listener is gone; metrics are best effort
+			_ = err // the listener is gone; these endpoints are best effort
 		}
 	}()
 	return ln.Addr().String(), nil

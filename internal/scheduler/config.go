@@ -84,6 +84,15 @@ type Config struct {
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `yaml:"log_level"`
+	// GCPercent is the process's garbage collection target, as GOGC (which
+	// wins when set): the scheduler's live heap is small and its allocation
+	// rate high, so the Go default of 100 collects several times a second
+	// under load. -1 turns collection off. Defaults to 400
+	// (docs/performance.md, "Session 8").
+	GCPercent int `yaml:"gc_percent"`
+	// PprofAddr serves net/http/pprof (CPU and heap profiles) here, e.g.
+	// "127.0.0.1:6061"; empty disables it. Defaults to "".
+	PprofAddr string `yaml:"pprof_addr"`
 	// RateLimits are the named limits steps reference with rate_limit:
 	// name: {limit: N, interval: 1s, burst: B}. Every scheduler must define
 	// the same ones; they are enforced together. Defaults to none.
@@ -157,8 +166,14 @@ func (c Config) WithDefaults() Config {
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
+	if c.GCPercent == 0 {
+		c.GCPercent = DefaultGCPercent
+	}
 	return c
 }
+
+// DefaultGCPercent is gc_percent's default.
+const DefaultGCPercent = 400
 
 // Validate reports the first field that breaks a rule.
 func (c Config) Validate() error {
@@ -173,6 +188,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("workers must be at least 1, got %d", c.Workers)
 	case c.Partitions < 1 || c.Partitions > 1024:
 		return fmt.Errorf("partitions must be between 1 and 1024, got %d", c.Partitions)
+	case c.GCPercent < -1:
+		return fmt.Errorf("gc_percent must be -1 (off) or positive, got %d", c.GCPercent)
 	case c.MaxJobShare < 0 || c.MaxJobShare > 1:
 		return fmt.Errorf("max_job_share must be in (0, 1], got %g", c.MaxJobShare)
 	case c.AckWait.Std() < time.Second:

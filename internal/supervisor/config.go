@@ -61,6 +61,9 @@ type Config struct {
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `yaml:"log_level"`
+	// PprofAddr serves net/http/pprof (CPU and heap profiles) here, e.g.
+	// "127.0.0.1:6062"; empty disables it. Defaults to "".
+	PprofAddr string `yaml:"pprof_addr"`
 }
 
 // DefaultConfig returns the configuration with every default filled in.
