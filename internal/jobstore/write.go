@@ -2,7 +2,6 @@ package jobstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -44,7 +43,7 @@ func (s *Store) JobWrite(j *Job, rev uint64) Write {
 	if j.State.Terminal() {
 		s.setTTL(m)
 	}
-	m.Data, _ = json.Marshal(j) // a Job always encodes
+	m.Data = appendJob(make([]byte, 0, 512+512*len(j.Steps)), j)
 	return Write{Key: key, Rev: rev, Msg: m}
 }
 
@@ -60,7 +59,7 @@ func (s *Store) StepWrite(st *Step, rev uint64) Write {
 	if st.State.Terminal() {
 		s.setTTL(m)
 	}
-	m.Data, _ = json.Marshal(st) // a Step always encodes
+	m.Data = appendStep(make([]byte, 0, 768), st)
 	return Write{Key: key, Rev: rev, Msg: m}
 }
 
