@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -18,11 +19,24 @@ func (d Duration) Std() time.Duration { return time.Duration(d) }
 
 func (d Duration) String() string { return time.Duration(d).String() }
 
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// MarshalJSON writes the duration as a string. A duration's string has
+// only digits, '.', '-' and unit letters (µ is valid UTF-8), none of which
+// JSON escapes, so it is quoted as it is.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	s := d.String()
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"'), nil
+}
 
 // UnmarshalJSON reads a duration string or a number of nanoseconds.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	// Every task and step record carries a duration: a plain quoted string
+	// is read without a second JSON decoder; escapes take the long way.
+	if n := len(b); n >= 2 && b[0] == '"' && b[n-1] == '"' && bytes.IndexByte(b[1:n-1], '\\') < 0 && bytes.IndexByte(b[1:n-1], '"') < 0 {
+		return d.parse(string(b[1 : n-1]))
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		var n int64

@@ -1,0 +1,62 @@
+package protocol_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+func TestDurationJSON(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{0, time.Nanosecond, 1500 * time.Microsecond, 90 * time.Second, 26*time.Hour + 3*time.Millisecond} {
+		got, err := json.Marshal(protocol.Duration(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(d.String())
+		if string(got) != string(want) {
+			t.Errorf("%s encodes as %s, want %s", d, got, want)
+		}
+		var back protocol.Duration
+		if err := json.Unmarshal(got, &back); err != nil || back.Std() != d {
+			t.Errorf("%s: decoded %s back as %s, %v", d, got, back, err)
+		}
+	}
+	for in, want := range map[string]time.Duration{
+		`"30s"`:               30 * time.Second,
+		`"\u0033\u0030s"`:     30 * time.Second, // escapes: the long way
+		`"1m\u00b5s"`:         0,                // "1mµs" is not a duration
+		`""`:                  0,
+		`5000000000`:          5 * time.Second,
+		`{"timeout":"250ms"}`: 250 * time.Millisecond,
+	} {
+		var d protocol.Duration
+		var err error
+		if in[0] == '{' {
+			var v struct {
+				Timeout protocol.Duration `json:"timeout"`
+			}
+			err = json.Unmarshal([]byte(in), &v)
+			d = v.Timeout
+		} else {
+			err = json.Unmarshal([]byte(in), &d)
+		}
+		if in == `"1m\u00b5s"` {
+			if err == nil {
+				t.Errorf("%s decoded as %s, want an error", in, d)
+			}
+			continue
+		}
+		if err != nil || d.Std() != want {
+			t.Errorf("%s decoded as %s, %v; want %s", in, d, err, want)
+		}
+	}
+	for _, in := range []string{`"-1s"`, `"soon"`, `true`} {
+		var d protocol.Duration
+		if err := json.Unmarshal([]byte(in), &d); err == nil {
+			t.Errorf("%s decoded as %s, want an error", in, d)
+		}
+	}
+}
