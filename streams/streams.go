@@ -180,20 +180,23 @@ func SupervisorConsumer() (jetstream.ConsumerConfig, error) {
 }
 
 // PartitionConsumer returns the schedulers' consumer of one partition of a
-// stream (kind "submit" or "results"): pinned to one scheduler at a time
-// (priority group "owner"), so that scheduler may cache the partition's
-// jobs; another takes over after pinnedTTL without pulls.
+// stream (kind "submit" or "results"), from consumer_partition.json:
+// pinned to one scheduler at a time (priority group "owner"), so that
+// scheduler may cache the partition's jobs; another takes over after
+// pinnedTTL without pulls. Its state is kept in memory: on disk, its state
+// file writes after every delivery and ack were 15 % of the server's CPU
+// under load (docs/performance.md, "Session 8"); a server that restarts
+// forgets it, and the scheduler creates it again (the messages it had not
+// acknowledged are still in the work-queue stream and are delivered anew).
 func PartitionConsumer(kind string, p int, filter string, ackWait, pinnedTTL time.Duration) (jetstream.ConsumerConfig, error) {
-	c, err := SchedulerConsumer()
-	if err != nil {
+	var c jetstream.ConsumerConfig
+	if err := decode("consumer_partition.json", &c); err != nil {
 		return c, err
 	}
 	c.Durable = fmt.Sprintf("scheduler-%s-%d", kind, p)
 	c.Description = fmt.Sprintf("Partition %d of the schedulers' %s: one scheduler at a time owns it.", p, kind)
 	c.FilterSubject = filter
 	c.AckWait = ackWait
-	c.PriorityPolicy = jetstream.PriorityPolicyPinned
-	c.PriorityGroups = []string{PriorityGroupOwner}
 	c.PinnedTTL = pinnedTTL
 	return c, nil
 }

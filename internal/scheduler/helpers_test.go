@@ -39,6 +39,12 @@ func setup(t *testing.T) *bundle {
 func (b *bundle) startScheduler(t *testing.T, cfg scheduler.Config) {
 	t.Helper()
 	nc, _ := b.srv.Connect(t)
+	b.startSchedulerOn(t, nc, cfg)
+}
+
+// startSchedulerOn runs a scheduler on nc until the test ends.
+func (b *bundle) startSchedulerOn(t *testing.T, nc *nats.Conn, cfg scheduler.Config) {
+	t.Helper()
 	s, err := scheduler.New(cfg, nc, scheduler.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)

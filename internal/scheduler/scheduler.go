@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -196,10 +195,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return stopWorkers(fmt.Errorf("subscribe %s: %w", protocol.SubjectControlAdvance, err))
 	}
 	defer func() { _ = ctrl.Unsubscribe() }()
-	consumers, err := s.consume(ctx)
+	consumers, err := s.consume(ctx, &bg)
 	defer func() {
-		for _, cc := range consumers {
-			cc.Drain()
+		for _, k := range consumers {
+			k.drain()
 		}
 	}()
 	if err != nil {
@@ -214,89 +213,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	for _, cc := range consumers {
-		cc.Drain()
+	for _, k := range consumers {
+		k.drain()
 	}
 	return stopWorkers(err)
-}
-
-// consume starts one pinned consumer per partition of submissions and of
-// results, and one shared consumer of bare submissions.
-func (s *Scheduler) consume(ctx context.Context) ([]jetstream.ConsumeContext, error) {
-	var out []jetstream.ConsumeContext
-	s.dropLegacyConsumers(ctx)
-	start := func(stream string, cfg jetstream.ConsumerConfig, pinned bool, handle func(jetstream.Msg)) error {
-		cons, err := s.js.CreateOrUpdateConsumer(ctx, stream, cfg)
-		if err != nil {
-			return fmt.Errorf("consumer %s on %s: %w", cfg.Durable, stream, err)
-		}
-		opts := []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(512),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-					s.log.Debug().Err(err).Str("consumer", cfg.Durable).Msg("consume")
-				}
-			})}
-		if pinned {
-			// The server renews a pin only when its holder sends a new pull
-			// request. With the default 30 s expiry a quiet partition lost
-			// its pin every PinnedTTL and flipped to another scheduler,
-			// which read the job afresh while the old owner's timers still
-			// acted on its stale copy (seen: 582 of 600 jobs accepted by
-			// both schedulers). Pull again well within the TTL.
-			opts = append(opts, jetstream.PullPriorityGroup(streams.PriorityGroupOwner),
-				jetstream.PullExpiry(pinnedPullExpiry(s.cfg.PinnedTTL.Std())))
-		}
-		cc, err := cons.Consume(handle, opts...)
-		if err != nil {
-			return fmt.Errorf("consume %s: %w", cfg.Durable, err)
-		}
-		out = append(out, cc)
-		return nil
-	}
-	ack, ttl := s.cfg.AckWait.Std(), s.cfg.PinnedTTL.Std()
-	for p := range s.cfg.Partitions {
-		sub, err := streams.PartitionConsumer("submit", p, protocol.StoredSubmitFilter(p), ack, ttl)
-		if err != nil {
-			return out, err
-		}
-		if err := start(protocol.StreamSubmit, sub, true, s.onSubmission); err != nil {
-			return out, err
-		}
-		res, err := streams.PartitionConsumer("results", p, protocol.StoredResultFilter(p), ack, ttl)
-		if err != nil {
-			return out, err
-		}
-		if err := start(protocol.StreamResults, res, true, s.onResult); err != nil {
-			return out, err
-		}
-	}
-	bare, err := streams.SchedulerConsumer()
-	if err != nil {
-		return out, err
-	}
-	bare.Durable, bare.FilterSubject, bare.AckWait = "scheduler-submit-bare", protocol.SubjectSubmit, ack
-	bare.Description = "Submissions on the bare warden.submit subject, taken by any scheduler."
-	return out, start(protocol.StreamSubmit, bare, false, s.onSubmission)
-}
-
-// pinnedPullExpiry is the expiry of a pinned consumer's pull requests:
-// half the pin's TTL, and at least the 1 s the client allows.
-func pinnedPullExpiry(ttl time.Duration) time.Duration {
-	return max(ttl/2, time.Second)
-}
-
-// dropLegacyConsumers removes the unfiltered consumer of earlier versions:
-// a work-queue stream refuses consumers whose filters overlap.
-func (s *Scheduler) dropLegacyConsumers(ctx context.Context) {
-	for _, stream := range []string{protocol.StreamSubmit, protocol.StreamResults} {
-		st, err := s.js.Stream(ctx, stream)
-		if err != nil {
-			continue
-		}
-		if info, err := st.Consumer(ctx, protocol.ConsumerScheduler); err == nil && info.CachedInfo().Config.FilterSubject == "" {
-			_ = st.DeleteConsumer(ctx, protocol.ConsumerScheduler)
-		}
-	}
 }
 
 func (s *Scheduler) onSubmission(m jetstream.Msg) {
