@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -213,7 +214,7 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		if err := r.submit(ctx, e, job, tick); err != nil {
 			return err
 		}
-		r.log.Debug().Str("schedule", name).Str("job", job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
+		r.log.Debug().Str("schedule", name).Str(logging.FieldJob, job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
 		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late)
 	}
 	return arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))

@@ -168,7 +168,7 @@ func (s *Scheduler) rejectResult(jt *jobTurn, k int, reason string, err error, r
 		ev.StepID, ev.Agent = r.StepID, r.Agent
 		ev.Data["epoch"] = strconv.FormatUint(r.Epoch, 10)
 	}
-	s.log.Warn().Str("job", id).Str("reason", reason).Err(err).Str("subject", in.msg.Subject()).Msg("result rejected")
+	s.log.Warn().Str(logging.FieldJob, id).Str("reason", reason).Err(err).Str("subject", in.msg.Subject()).Msg("result rejected")
 	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
 	jt.settle[k].term = "result rejected: " + reason
 }

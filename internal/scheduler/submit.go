@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 )
@@ -83,7 +84,7 @@ func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
 		reason = spec.ReasonMalformed
 	}
 	s.metrics.SubmissionRejected(reason)
-	s.log.Warn().Str("job", in.job).Str("reason", reason).Err(err).Msg("submission rejected")
+	s.log.Warn().Str(logging.FieldJob, in.job).Str("reason", reason).Err(err).Msg("submission rejected")
 	id := in.job
 	if !protocol.ValidToken(id) {
 		id = "invalid"
@@ -103,7 +104,7 @@ func (s *Scheduler) acceptSubmission(jt *jobTurn, k int, created bool) {
 	in := jt.inputs[k]
 	if created {
 		s.metrics.JobAccepted()
-		s.log.Info().Str("job", in.job).Str("name", jt.js.job.Name).Int("steps", len(jt.js.steps)).Msg("job accepted")
+		s.log.Info().Str(logging.FieldJob, in.job).Str("name", jt.js.job.Name).Int("steps", len(jt.js.steps)).Msg("job accepted")
 	}
 	s.replyTo(jt, in, protocol.SubmitReply{JobID: in.job, Existing: !created})
 }

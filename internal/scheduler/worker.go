@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -590,7 +591,7 @@ func (w *worker) retry(jt *jobTurn) {
 			again = append(again, in)
 			continue
 		}
-		w.log.Warn().Err(jt.err).Str("job", jt.id).Int("tries", in.tries).Msg("handling failed; handing the message back")
+		w.log.Warn().Err(jt.err).Str(logging.FieldJob, jt.id).Int("tries", in.tries).Msg("handling failed; handing the message back")
 		// Soon, with jitter: a lost race is over in milliseconds; a store
 		// error is retried on the consumer's schedule, not in a loop here.
 		delay := conflictRetry + time.Duration(rand.Int64N(int64(conflictRetry)))
