@@ -90,25 +90,35 @@ func BenchmarkStepCodec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Run("marshal", func(b *testing.B) {
+	b.Run("marshal", benchMarshal(st, len(data)))
+	b.Run("unmarshal", benchUnmarshal[jobstore.Step](data))
+}
+
+// benchMarshal is encoding/json's encoding of v, size bytes.
+func benchMarshal(v any, size int) func(*testing.B) {
+	return func(b *testing.B) {
 		b.ReportAllocs()
-		b.SetBytes(int64(len(data)))
+		b.SetBytes(int64(size))
 		for b.Loop() {
-			if _, err := json.Marshal(st); err != nil {
+			if _, err := json.Marshal(v); err != nil {
 				b.Fatal(err)
 			}
 		}
-	})
-	b.Run("unmarshal", func(b *testing.B) {
+	}
+}
+
+// benchUnmarshal is encoding/json's decoding of data into a T.
+func benchUnmarshal[T any](data []byte) func(*testing.B) {
+	return func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			var out jobstore.Step
+			var out T
 			if err := json.Unmarshal(data, &out); err != nil {
 				b.Fatal(err)
 			}
 		}
-	})
+	}
 }
 
 // BenchmarkJobRecordCodec is the JSON encoding of a single-step job's
@@ -130,15 +140,7 @@ func BenchmarkJobRecordCodec(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Run("encoding_json", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(data)))
-		for b.Loop() {
-			if _, err := json.Marshal(j); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	b.Run("encoding_json", benchMarshal(j, len(data)))
 	// The record write as the scheduler makes it: headers and Warden's
 	// own encoder (encode.go).
 	var store jobstore.Store
@@ -151,14 +153,5 @@ func BenchmarkJobRecordCodec(b *testing.B) {
 			}
 		}
 	})
-	b.Run("unmarshal", func(b *testing.B) {
-		b.ReportAllocs()
-		b.SetBytes(int64(len(data)))
-		for b.Loop() {
-			var out jobstore.Job
-			if err := json.Unmarshal(data, &out); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	b.Run("unmarshal", benchUnmarshal[jobstore.Job](data))
 }
