@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,17 +112,28 @@ type keptConsumer struct {
 	drained bool
 }
 
-// keepCheckInterval bounds how often keep asks the server about the
-// consumer: missed heartbeats come in bursts while a server restarts.
-const keepCheckInterval = time.Second
+// keepCheckInterval is how often keep asks the server about the consumer
+// at most: missed heartbeats come in bursts while a server restarts. It
+// doubles, up to keepMaxBackoff, while the consumer keeps needing to be
+// restored (a create the server refuses, a consume that keeps stopping).
+const (
+	keepCheckInterval = time.Second
+	keepMaxBackoff    = 30 * time.Second
+)
 
 // keepRequestTimeout bounds restoring a consumer: its info and create.
 const keepRequestTimeout = 5 * time.Second
 
+// errDrained: the consumer was drained meanwhile; it is not consumed again.
+var errDrained = errors.New("consumer drained")
+
 // start creates (or updates) the consumer and consumes it.
 func (k *keptConsumer) start(ctx context.Context) error {
 	cons, err := k.s.js.CreateOrUpdateConsumer(ctx, k.stream, k.cfg)
-	if err != nil && k.replace(ctx) {
+	if err != nil {
+		if rerr := k.replace(ctx, err); rerr != nil {
+			return fmt.Errorf("consumer %s on %s: %w", k.cfg.Durable, k.stream, rerr)
+		}
 		cons, err = k.s.js.CreateOrUpdateConsumer(ctx, k.stream, k.cfg)
 	}
 	if err != nil {
@@ -130,7 +142,7 @@ func (k *keptConsumer) start(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.drained {
-		return nil
+		return errDrained
 	}
 	cc, err := cons.Consume(k.handle, k.opts...)
 	if err != nil {
@@ -140,24 +152,66 @@ func (k *keptConsumer) start(ctx context.Context) error {
 	return nil
 }
 
-// replace deletes the consumer if an earlier release created it with
-// another storage type, which the server does not update, and reports
-// whether the create is worth trying again (it also is when another
-// scheduler replaced it meanwhile).
-func (k *keptConsumer) replace(ctx context.Context) bool {
-	old, err := k.s.js.Consumer(ctx, k.stream, k.cfg.Durable)
-	if err != nil {
-		return false
+// replaceAttempts × replaceWait bounds how long start waits for schedulers
+// of an earlier release to stop using a consumer it must replace: past two
+// pin TTLs (5 s each by default), a pin and its pull requests have expired.
+const (
+	replaceAttempts = 24
+	replaceWait     = 500 * time.Millisecond
+)
+
+// replace handles a create the server refused. If an earlier release
+// created the consumer on disk (the server does not change a consumer's
+// storage type), replace deletes it once no scheduler uses it (no pinned
+// client, no waiting pull, nothing unacknowledged) and returns nil, so
+// that the create is tried again; the messages stay in the work-queue
+// stream. Any other refusal, or a consumer still in use after the wait,
+// is returned: schedulers of the earlier release must stop first.
+func (k *keptConsumer) replace(ctx context.Context, createErr error) error {
+	if !strings.Contains(createErr.Error(), "storage type") {
+		return createErr
 	}
-	if old.CachedInfo().Config.MemoryStorage == k.cfg.MemoryStorage {
+	for range replaceAttempts {
+		old, err := k.s.js.Consumer(ctx, k.stream, k.cfg.Durable)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			return nil // another scheduler deleted it meanwhile
+		case err != nil:
+			return err
+		}
+		info := old.CachedInfo()
+		if info.Config.MemoryStorage == k.cfg.MemoryStorage {
+			return nil // another scheduler replaced it meanwhile
+		}
+		if !consumerInUse(info) {
+			if err := k.s.js.DeleteConsumer(ctx, k.stream, k.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return err
+			}
+			k.s.log.Info().Str("consumer", k.cfg.Durable).Bool("memory_storage", k.cfg.MemoryStorage).
+				Msg("consumer re-created with the storage type this release uses")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(replaceWait):
+		}
+	}
+	return fmt.Errorf("%w; it was created with another storage type by an earlier release whose schedulers still use it: stop them first (docs/protocol.md, \"Durable consumers\")", createErr)
+}
+
+// consumerInUse reports whether some client consumes the consumer now: it
+// holds the pin, has pull requests waiting, or has messages unacknowledged.
+func consumerInUse(info *jetstream.ConsumerInfo) bool {
+	if info.NumWaiting > 0 || info.NumAckPending > 0 {
 		return true
 	}
-	if err := k.s.js.DeleteConsumer(ctx, k.stream, k.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return false
+	for _, g := range info.PriorityGroups {
+		if g.PinnedClientID != "" {
+			return true
+		}
 	}
-	k.s.log.Info().Str("consumer", k.cfg.Durable).Bool("memory_storage", k.cfg.MemoryStorage).
-		Msg("consumer re-created with the storage type this release uses")
-	return true
+	return false
 }
 
 // onError is the consume error handler: errors that may mean the server
@@ -178,6 +232,7 @@ func (k *keptConsumer) onError(_ jetstream.ConsumeContext, err error) {
 // keep restores the consumer whenever it is suspect or its consume context
 // stopped by itself (a deleted consumer ends it), until ctx ends.
 func (k *keptConsumer) keep(ctx context.Context) {
+	wait := keepCheckInterval
 	for {
 		k.mu.Lock()
 		closed := k.cc.Closed()
@@ -188,9 +243,15 @@ func (k *keptConsumer) keep(ctx context.Context) {
 		case <-k.suspect:
 		case <-closed:
 		}
-		if !k.restore(ctx) {
-			// Not restored (the server cannot say yet): ask again soon
-			// even if no new error comes.
+		switch k.restore(ctx) {
+		case restoreNotNeeded:
+			wait = keepCheckInterval
+		case restoreDone:
+			wait = min(2*wait, keepMaxBackoff)
+		case restoreFailed:
+			// Not restored (the server cannot say yet, or refused): ask
+			// again after the wait even if no new error comes.
+			wait = min(2*wait, keepMaxBackoff)
 			select {
 			case k.suspect <- struct{}{}:
 			default:
@@ -199,41 +260,57 @@ func (k *keptConsumer) keep(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(keepCheckInterval):
+		case <-time.After(wait):
 		}
 	}
 }
 
+// restoreOutcome is what restore did.
+type restoreOutcome int
+
+const (
+	restoreNotNeeded restoreOutcome = iota // there, and consumed (or drained)
+	restoreDone                            // consumed anew
+	restoreFailed                          // could not tell, or could not create it
+)
+
 // restore consumes the consumer anew if the server no longer has it or the
-// consume context has stopped. It reports false when it could not tell or
-// could not create it.
-func (k *keptConsumer) restore(ctx context.Context) bool {
+// consume context has stopped.
+func (k *keptConsumer) restore(ctx context.Context) restoreOutcome {
 	k.mu.Lock()
 	stopped := isClosed(k.cc.Closed())
 	drained := k.drained
 	k.mu.Unlock()
 	if drained || ctx.Err() != nil {
-		return true
+		return restoreNotNeeded
 	}
 	rctx, cancel := context.WithTimeout(ctx, keepRequestTimeout)
 	defer cancel()
 	_, err := k.s.js.Consumer(rctx, k.stream, k.cfg.Durable)
+	gone := errors.Is(err, jetstream.ErrConsumerNotFound)
 	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case gone:
 	case err != nil:
-		return false
+		return restoreFailed
 	case !stopped:
-		return true // there, and consumed
+		return restoreNotNeeded
 	}
 	k.mu.Lock()
 	k.cc.Stop()
 	k.mu.Unlock()
 	if err := k.start(rctx); err != nil {
+		if errors.Is(err, errDrained) {
+			return restoreNotNeeded
+		}
 		k.s.log.Warn().Err(err).Str("consumer", k.cfg.Durable).Msg("re-create consumer failed; trying again")
-		return false
+		return restoreFailed
 	}
-	k.s.log.Warn().Str("consumer", k.cfg.Durable).Msg("consumer re-created: the server had forgotten it")
-	return true
+	if gone {
+		k.s.log.Warn().Str("consumer", k.cfg.Durable).Msg("consumer re-created: the server had forgotten it")
+	} else {
+		k.s.log.Warn().Str("consumer", k.cfg.Durable).Msg("consuming again: the consume had stopped")
+	}
+	return restoreDone
 }
 
 // drain stops consuming after the messages already fetched are handled;

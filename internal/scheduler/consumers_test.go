@@ -3,6 +3,7 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,6 +85,100 @@ func TestPartitionConsumerOnDiskIsReplaced(t *testing.T) {
 	b.startScheduler(t, scheduler.Config{})
 	handagent.Start(t, b.js, "default", "a1", nil)
 	natstest.Eventually(t, 10*time.Second, "partition consumers in memory", func() bool { return inMemory(t, b.js, partitionConsumers(scheduler.DefaultConfig().Partitions)) })
+	b.submit(t, []byte(`{"name":"j","steps":[{"id":"s","action":"echo"}]}`), "job-1", "")
+	b.waitJob(t, "job-1", jobstore.JobSucceeded)
+}
+
+// diskConsumerInUse creates partition 0's submission consumer on disk, as
+// an earlier release did, and consumes it with the owner group as such a
+// release's scheduler would, until the returned stop is called.
+func diskConsumerInUse(t *testing.T, b *bundle) (stop func()) {
+	t.Helper()
+	cfg, err := streams.PartitionConsumer("submit", 0, protocol.StoredSubmitFilter(0), 5*time.Second, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MemoryStorage = false
+	cons, err := b.js.CreateOrUpdateConsumer(context.Background(), protocol.StreamSubmit, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(jetstream.Msg) {}, jetstream.PullPriorityGroup(streams.PriorityGroupOwner), jetstream.PullExpiry(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "old consumer pulled", func() bool {
+		c, err := b.js.Consumer(context.Background(), protocol.StreamSubmit, cfg.Durable)
+		return err == nil && (c.CachedInfo().NumWaiting > 0 || consumerPinned(c.CachedInfo()))
+	})
+	t.Cleanup(cc.Stop)
+	return cc.Stop
+}
+
+func consumerPinned(info *jetstream.ConsumerInfo) bool {
+	for _, g := range info.PriorityGroups {
+		if g.PinnedClientID != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// runScheduler runs a scheduler until ctx ends and returns what Run returned.
+func runScheduler(t *testing.T, b *bundle, ctx context.Context) <-chan error {
+	t.Helper()
+	nc, _ := b.srv.Connect(t)
+	s, err := scheduler.New(scheduler.Config{}, nc, scheduler.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	return done
+}
+
+// A consumer on disk that a scheduler of the earlier release still uses is
+// not taken from it: the new scheduler waits, and refuses to start, naming
+// what to do.
+func TestPartitionConsumerOnDiskInUseIsNotTaken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	diskConsumerInUse(t, b)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	select {
+	case err := <-runScheduler(t, b, ctx):
+		if err == nil || !strings.Contains(err.Error(), "earlier release") {
+			t.Fatalf("Run returned %v, want the consumer in use named", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the scheduler neither started nor refused")
+	}
+	c, err := b.js.Consumer(context.Background(), protocol.StreamSubmit, "scheduler-submit-0")
+	if err != nil || c.CachedInfo().Config.MemoryStorage {
+		t.Fatalf("the consumer in use was replaced: %v", err)
+	}
+}
+
+// Once the earlier release's scheduler stops, the new one replaces its
+// consumer and runs jobs: the upgrade of a stopped-then-started deployment.
+func TestPartitionConsumerOnDiskIsReplacedOnceReleased(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stop := diskConsumerInUse(t, b)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runScheduler(t, b, ctx)
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("scheduler: %v", err)
+		}
+	})
+	time.AfterFunc(time.Second, stop)
+	handagent.Start(t, b.js, "default", "a1", nil)
+	natstest.Eventually(t, 20*time.Second, "partition consumers in memory", func() bool {
+		return inMemory(t, b.js, partitionConsumers(scheduler.DefaultConfig().Partitions))
+	})
 	b.submit(t, []byte(`{"name":"j","steps":[{"id":"s","action":"echo"}]}`), "job-1", "")
 	b.waitJob(t, "job-1", jobstore.JobSucceeded)
 }
