@@ -2,56 +2,60 @@ package jobstore
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
 )
 
 // fill sets every settable field reachable from v to a value that is not
-// its zero, so that a field the encoder leaves out shows in the output.
-// Strings are str, and json.RawMessage-like byte slices a small object.
-func fill(t *testing.T, v reflect.Value, str string, at time.Time) {
+// its zero and differs from every other field's (n counts them), so that a
+// field the encoder leaves out, or writes under another field's key, shows
+// in the output. Strings are str with the count appended, times at plus
+// the count in seconds, byte slices (json.RawMessage) a small object.
+func fill(t *testing.T, v reflect.Value, str string, at time.Time, n *int) {
 	t.Helper()
+	*n++
 	switch v.Kind() {
 	case reflect.String:
-		v.SetString(str)
+		v.SetString(fmt.Sprintf("%s%d", str, *n))
 	case reflect.Bool:
 		v.SetBool(true)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		v.SetInt(90_000_000_007)
+		v.SetInt(90_000_000_000 + int64(*n))
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		v.SetUint(9)
+		v.SetUint(uint64(*n))
 	case reflect.Float32, reflect.Float64:
-		v.SetFloat(1.5)
+		v.SetFloat(float64(*n) + 0.5)
 	case reflect.Pointer:
 		v.Set(reflect.New(v.Type().Elem()))
-		fill(t, v.Elem(), str, at)
+		fill(t, v.Elem(), str, at, n)
 	case reflect.Interface:
-		v.Set(reflect.ValueOf(str))
+		v.Set(reflect.ValueOf(fmt.Sprintf("%s%d", str, *n)))
 	case reflect.Slice:
 		if v.Type().Elem().Kind() == reflect.Uint8 {
-			v.SetBytes([]byte(`{"k":[1,"v",null,{"n":true}]}`))
+			v.SetBytes(fmt.Appendf(nil, `{"k":[%d,"v",null,{"n":true}]}`, *n))
 			return
 		}
 		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
 		for i := 0; i < 2; i++ {
-			fill(t, v.Index(i), str, at)
+			fill(t, v.Index(i), str, at, n)
 		}
 	case reflect.Map:
 		m := reflect.MakeMap(v.Type())
 		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
-		fill(t, k, str, at)
-		fill(t, e, str, at)
+		fill(t, k, str, at, n)
+		fill(t, e, str, at, n)
 		m.SetMapIndex(k, e)
 		v.Set(m)
 	case reflect.Struct:
 		if v.Type() == reflect.TypeOf(time.Time{}) {
-			v.Set(reflect.ValueOf(at))
+			v.Set(reflect.ValueOf(at.Add(time.Duration(*n) * time.Second)))
 			return
 		}
 		for i := 0; i < v.NumField(); i++ {
 			if v.Type().Field(i).IsExported() {
-				fill(t, v.Field(i), str, at)
+				fill(t, v.Field(i), str, at, n)
 			}
 		}
 	default:
@@ -84,7 +88,8 @@ func TestRecordEncodingMatchesEncodingJSON(t *testing.T) {
 			at = zone
 		}
 		j := &Job{}
-		fill(t, reflect.ValueOf(j).Elem(), s, at)
+		var n int
+		fill(t, reflect.ValueOf(j).Elem(), s, at, &n)
 		jobs[name] = j
 	}
 	for name, j := range jobs {
