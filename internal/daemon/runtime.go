@@ -17,9 +17,12 @@ func setGCPercent(percent int, env func(string) (string, bool), log zerolog.Logg
 	if percent == 0 {
 		return
 	}
-	if v, ok := env("GOGC"); ok {
+	if v, ok := env("GOGC"); ok && v != "" {
 		log.Debug().Str("GOGC", v).Int("gc_percent", percent).Msg("GOGC set: gc_percent ignored")
 		return
+	}
+	if v, _ := env("GOMEMLIMIT"); percent < 0 && v == "" {
+		log.Warn().Int("gc_percent", percent).Msg("garbage collection is off and GOMEMLIMIT is not set: the heap grows without bound")
 	}
 	debug.SetGCPercent(percent)
 }

@@ -28,6 +28,11 @@ func TestGCPercentYieldsToGOGC(t *testing.T) {
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Fatalf("gc_percent 0 changed the target to %d", got)
 	}
+	// An empty GOGC is not set: the runtime used its default.
+	setGCPercent(400, envOf(map[string]string{"GOGC": ""}), zerolog.Nop())
+	if got := debug.SetGCPercent(100); got != 400 {
+		t.Fatalf("with GOGC empty, gc_percent 400 left the target at %d", got)
+	}
 }
 
 func TestPprofServesProfilesButNotTheCommandLine(t *testing.T) {
