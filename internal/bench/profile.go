@@ -54,6 +54,7 @@ func (e *Env) startProfiles(tb *runTB, srv *natsServer, name string, d time.Dura
 	var remote sync.WaitGroup
 	for _, o := range others {
 		if o.addr == "" {
+			e.logf("%s profile not taken: the process logged no pprof address", o.name)
 			continue
 		}
 		remote.Go(func() { e.fetchProfile(filepath.Join(dir, name+"-"+o.name+".pprof"), o.addr, d) })
