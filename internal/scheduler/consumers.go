@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -160,36 +159,21 @@ const (
 	replaceWait     = 500 * time.Millisecond
 )
 
-// replace handles a create the server refused. If an earlier release
-// created the consumer on disk (the server does not change a consumer's
-// storage type), replace deletes it once no scheduler uses it (no pinned
-// client, no waiting pull, nothing unacknowledged) and returns nil, so
-// that the create is tried again; the messages stay in the work-queue
-// stream. Any other refusal, or a consumer still in use after the wait,
-// is returned: schedulers of the earlier release must stop first.
+// replace makes way for a create the server refused (streams.ReplaceStorage):
+// a consumer an earlier release created on disk is deleted once no
+// scheduler uses it (no pinned client, no waiting pull, nothing
+// unacknowledged), and nil returned so that the create is tried again. A
+// consumer still in use after the wait is an error: schedulers of the
+// earlier release must stop first.
 func (k *keptConsumer) replace(ctx context.Context, createErr error) error {
-	if !strings.Contains(createErr.Error(), "storage type") {
-		return createErr
-	}
 	for range replaceAttempts {
-		old, err := k.s.js.Consumer(ctx, k.stream, k.cfg.Durable)
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			return nil // another scheduler deleted it meanwhile
-		case err != nil:
-			return err
-		}
-		info := old.CachedInfo()
-		if info.Config.MemoryStorage == k.cfg.MemoryStorage {
-			return nil // another scheduler replaced it meanwhile
-		}
-		if !consumerInUse(info) {
-			if err := k.s.js.DeleteConsumer(ctx, k.stream, k.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return err
+		replaced, err := streams.ReplaceStorage(ctx, k.s.js, k.stream, k.cfg, consumerInUse)
+		if !errors.Is(err, streams.ErrConsumerInUse) {
+			if replaced {
+				k.s.log.Info().Str("consumer", k.cfg.Durable).Bool("memory_storage", k.cfg.MemoryStorage).
+					Msg("consumer re-created with the storage type this release uses")
 			}
-			k.s.log.Info().Str("consumer", k.cfg.Durable).Bool("memory_storage", k.cfg.MemoryStorage).
-				Msg("consumer re-created with the storage type this release uses")
-			return nil
+			return err
 		}
 		select {
 		case <-ctx.Done():

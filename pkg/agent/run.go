@@ -187,29 +187,18 @@ func (a *Agent) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) 
 		return nil, err
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, cc)
-	if err != nil && a.replaceConsumer(ctx, stream, cc) {
-		cons, err = stream.CreateOrUpdateConsumer(ctx, cc)
+	if err != nil {
+		// An earlier release kept the consumer on disk: the server does not
+		// change its storage type, so it is replaced (it is this agent's own).
+		if replaced, _ := streams.ReplaceStorage(ctx, a.js, name, cc, nil); replaced {
+			a.log.Info().Bool("memory_storage", cc.MemoryStorage).Msg("task consumer re-created with the storage type this release uses")
+			cons, err = stream.CreateOrUpdateConsumer(ctx, cc)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("task consumer %s on %s: %w", cc.Durable, name, err)
 	}
 	return cons, nil
-}
-
-// replaceConsumer deletes the agent's task consumer if it was created with
-// a storage type the server cannot update to cc's (a consumer an earlier
-// release kept on disk), and reports whether it did. The tasks it held stay
-// in the work-queue stream and are delivered afresh by the new consumer.
-func (a *Agent) replaceConsumer(ctx context.Context, stream jetstream.Stream, cc jetstream.ConsumerConfig) bool {
-	old, err := stream.Consumer(ctx, cc.Durable)
-	if err != nil || old.CachedInfo().Config.MemoryStorage == cc.MemoryStorage {
-		return false
-	}
-	if err := stream.DeleteConsumer(ctx, cc.Durable); err != nil {
-		return false
-	}
-	a.log.Info().Bool("memory_storage", cc.MemoryStorage).Msg("task consumer re-created with the storage type this release uses")
-	return true
 }
 
 // drain marks the agent draining, waits DrainTimeout for in-flight tasks,
