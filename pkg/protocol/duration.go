@@ -32,9 +32,10 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads a duration string or a number of nanoseconds.
 func (d *Duration) UnmarshalJSON(b []byte) error {
-	// Every task and step record carries a duration: a plain quoted string
-	// is read without a second JSON decoder; escapes take the long way.
-	if n := len(b); n >= 2 && b[0] == '"' && b[n-1] == '"' && bytes.IndexByte(b[1:n-1], '\\') < 0 && bytes.IndexByte(b[1:n-1], '"') < 0 {
+	// Every task and step record carries a duration: a quoted string
+	// without escapes is read without a second JSON decoder (a stray quote
+	// inside fails to parse as a duration); escapes take the long way.
+	if n := len(b); n >= 2 && b[0] == '"' && b[n-1] == '"' && bytes.IndexByte(b[1:n-1], '\\') < 0 {
 		return d.parse(string(b[1 : n-1]))
 	}
 	var s string
