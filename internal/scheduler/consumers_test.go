@@ -109,32 +109,10 @@ func diskConsumerInUse(t *testing.T, b *bundle) (stop func()) {
 	}
 	natstest.Eventually(t, 5*time.Second, "old consumer pulled", func() bool {
 		c, err := b.js.Consumer(context.Background(), protocol.StreamSubmit, cfg.Durable)
-		return err == nil && (c.CachedInfo().NumWaiting > 0 || consumerPinned(c.CachedInfo()))
+		return err == nil && c.CachedInfo().NumWaiting > 0
 	})
 	t.Cleanup(cc.Stop)
 	return cc.Stop
-}
-
-func consumerPinned(info *jetstream.ConsumerInfo) bool {
-	for _, g := range info.PriorityGroups {
-		if g.PinnedClientID != "" {
-			return true
-		}
-	}
-	return false
-}
-
-// runScheduler runs a scheduler until ctx ends and returns what Run returned.
-func runScheduler(t *testing.T, b *bundle, ctx context.Context) <-chan error {
-	t.Helper()
-	nc, _ := b.srv.Connect(t)
-	s, err := scheduler.New(scheduler.Config{}, nc, scheduler.WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	return done
 }
 
 // A consumer on disk that a scheduler of the earlier release still uses is
@@ -146,8 +124,9 @@ func TestPartitionConsumerOnDiskInUseIsNotTaken(t *testing.T) {
 	diskConsumerInUse(t, b)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	nc, _ := b.srv.Connect(t)
 	select {
-	case err := <-runScheduler(t, b, ctx):
+	case err := <-runScheduler(ctx, t, nc, scheduler.Config{}):
 		if err == nil || !strings.Contains(err.Error(), "earlier release") {
 			t.Fatalf("Run returned %v, want the consumer in use named", err)
 		}
@@ -166,15 +145,8 @@ func TestPartitionConsumerOnDiskIsReplacedOnceReleased(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	stop := diskConsumerInUse(t, b)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := runScheduler(t, b, ctx)
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("scheduler: %v", err)
-		}
-	})
 	time.AfterFunc(time.Second, stop)
+	b.startScheduler(t, scheduler.Config{})
 	handagent.Start(t, b.js, "default", "a1", nil)
 	natstest.Eventually(t, 20*time.Second, "partition consumers in memory", func() bool {
 		return inMemory(t, b.js, partitionConsumers(scheduler.DefaultConfig().Partitions))

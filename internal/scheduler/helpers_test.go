@@ -42,22 +42,31 @@ func (b *bundle) startScheduler(t *testing.T, cfg scheduler.Config) {
 	b.startSchedulerOn(t, nc, cfg)
 }
 
-// startSchedulerOn runs a scheduler on nc until the test ends.
+// startSchedulerOn runs a scheduler on nc until the test ends, which fails
+// if Run returns an error.
 func (b *bundle) startSchedulerOn(t *testing.T, nc *nats.Conn, cfg scheduler.Config) {
 	t.Helper()
-	s, err := scheduler.New(cfg, nc, scheduler.WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	done := runScheduler(ctx, t, nc, cfg)
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("scheduler: %v", err)
 		}
 	})
+}
+
+// runScheduler runs a scheduler on nc until ctx ends; the channel gets
+// what Run returned.
+func runScheduler(ctx context.Context, t *testing.T, nc *nats.Conn, cfg scheduler.Config) <-chan error {
+	t.Helper()
+	s, err := scheduler.New(cfg, nc, scheduler.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	return done
 }
 
 // submit publishes a spec with headers and returns the scheduler's reply.
