@@ -15,23 +15,22 @@ import (
 func TestGCPercentYieldsToGOGC(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	t.Cleanup(func() { debug.SetGCPercent(prev) })
-
-	setGCPercent(400, envOf(nil), zerolog.Nop())
-	if got := debug.SetGCPercent(100); got != 400 {
-		t.Fatalf("gc_percent 400 left the target at %d", got)
-	}
-	setGCPercent(400, envOf(map[string]string{"GOGC": "150"}), zerolog.Nop())
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Fatalf("with GOGC set, gc_percent changed the target to %d", got)
-	}
-	setGCPercent(0, envOf(nil), zerolog.Nop())
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Fatalf("gc_percent 0 changed the target to %d", got)
-	}
-	// An empty GOGC is not set: the runtime used its default.
-	setGCPercent(400, envOf(map[string]string{"GOGC": ""}), zerolog.Nop())
-	if got := debug.SetGCPercent(100); got != 400 {
-		t.Fatalf("with GOGC empty, gc_percent 400 left the target at %d", got)
+	for _, c := range []struct {
+		name    string
+		percent int
+		env     map[string]string
+		want    int // the target after, from 100 before
+	}{
+		{"gc_percent 400", 400, nil, 400},
+		{"GOGC set wins", 400, map[string]string{"GOGC": "150"}, 100},
+		{"gc_percent 0 leaves the default", 0, nil, 100},
+		{"an empty GOGC is not set", 400, map[string]string{"GOGC": ""}, 400},
+	} {
+		debug.SetGCPercent(100)
+		setGCPercent(c.percent, envOf(c.env), zerolog.Nop())
+		if got := debug.SetGCPercent(100); got != c.want {
+			t.Errorf("%s: the target is %d, want %d", c.name, got, c.want)
+		}
 	}
 }
 
