@@ -30,7 +30,7 @@ func run(ctx context.Context, args []string) error {
 	chainSteps := fs.Int("chain-steps", 0, "length of the chain in the dag phase (default 100)")
 	historyJobs := fs.Int("history-jobs", 0, "finished jobs the history phase leaves behind (default 20000)")
 	beforeFile := fs.String("before", "", "a previous run's JSON (e.g. bench/results/latest.json): the Markdown table gets a before column")
-	profileDir := fs.String("profile-dir", "", "write CPU profiles of nats-server, the scheduler and this process over the throughput, job-shaped pipeline and scale windows here")
+	profileDir := fs.String("profile-dir", "", "write CPU profiles of nats-server, the scheduler and this process over the throughput, half-load, job-shaped pipeline and scale windows here")
 	cpuprofile := fs.String("cpuprofile", "", "write this process's CPU profile (the in-process supervisor, SDK agents and tracker; --profile-dir also profiles the scheduler binary)")
 	memprofile := fs.String("memprofile", "", "write this process's allocation profile (every allocation sampled since start) when the run ends")
 	workdir := fs.String("workdir", "", "keep binaries and stores here (default: a temp dir, removed)")

@@ -242,6 +242,9 @@ func (e *Env) runLatency(tb *runTB) {
 	total := int(rate * dur.Seconds())
 	sent := make(map[string]time.Time, total)
 	before := d.track.Count()
+	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "scheduler": d.sched.PID(), "bench": os.Getpid()})
+	machine := newMachineMeter()
+	stopProfiles := e.startProfiles(tb, d.srv, "halfload", dur, profileOf("scheduler", d.sched))
 	start := time.Now()
 	tick := time.NewTicker(time.Millisecond)
 	for i := 0; i < total; {
@@ -256,6 +259,8 @@ func (e *Env) runLatency(tb *runTB) {
 		}
 	}
 	tick.Stop()
+	cores, busy := meter.Cores(), machine.Busy()
+	stopProfiles()
 	if !d.track.waitCount(before+total, 2*time.Minute) {
 		tb.Fatalf("half load: only %d of %d jobs finished", d.track.Count()-before, total)
 	}
@@ -267,7 +272,8 @@ func (e *Env) runLatency(tb *runTB) {
 		disp = append(disp, dispatched[id].Sub(t0))
 	}
 	mu.Unlock()
-	note := fmt.Sprintf("%.0f jobs/s offered for %s (%s)", rate, dur, how)
+	note := fmt.Sprintf("%.0f jobs/s offered for %s (%s); machine busy %.0f%%, cores: server %.2f, scheduler %.2f, bench process %.2f",
+		rate, dur, how, 100*busy, cores["server"], cores["scheduler"], cores["bench"])
 	e.rep.Add(atMost(Figure{Section: sec, Key: "submit_dispatch_p99_ms", Label: "submit→dispatch p99, half load", Value: ms(percentile(disp, 99)), Unit: "ms",
 		Note: note}, 5, "ms"))
 	e.rep.Add(Figure{Section: sec, Key: "submit_dispatch_p50_ms", Label: "submit→dispatch p50, half load", Value: ms(percentile(disp, 50)), Unit: "ms"})
@@ -276,5 +282,6 @@ func (e *Env) runLatency(tb *runTB) {
 	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_p99_ms", Label: "submit→complete p99, half load", Value: ms(percentile(comp, 99)), Unit: "ms"})
 	e.rep.Add(Figure{Section: sec, Key: "submit_complete_half_max_ms", Label: "submit→complete max, half load", Value: ms(percentile(comp, 100)), Unit: "ms"})
 	e.rep.Set("latency_half_load_offered_per_s", round(rate))
+	e.rep.Add(Figure{Section: sec, Key: "latency_half_load_machine_busy", Label: "machine CPU busy at half load", Value: busy, Unit: "fraction"})
 	e.logf("latency: half load (%.0f/s) dispatch p99 %.2f ms, complete p99 %.2f ms", rate, ms(percentile(disp, 99)), ms(percentile(comp, 99)))
 }
