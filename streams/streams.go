@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -95,7 +96,7 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 			src, dst := protocol.ResultTransform(opts.Partitions)
 			c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: src, Destination: dst}
 		}
-		out = append(out, c)
+		out = append(out, anchored(c))
 	}
 	var adv jetstream.StreamConfig
 	if err := decode("advisories.json", &adv); err != nil {
@@ -119,7 +120,34 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 		c.Subjects = []string{protocol.TaskStreamSubjects(i)}
 		c.Description = fmt.Sprintf("Task shard %d of %d: warden.task.%d.<pool>.<agent>.", i, opts.TaskShards, i)
 		c.Replicas = opts.Replicas
-		out = append(out, c)
+		out = append(out, anchored(c))
+	}
+	return out, nil
+}
+
+// anchored adds a work-queue stream's anchor subject (protocol.AnchorSubject)
+// to its subjects.
+func anchored(c jetstream.StreamConfig) jetstream.StreamConfig {
+	if c.Retention == jetstream.WorkQueuePolicy {
+		c.Subjects = append(slices.Clone(c.Subjects), protocol.AnchorSubject(c.Name))
+	}
+	return c
+}
+
+// Anchored returns the names of the streams that have an anchor: the
+// work-queue streams of the data path (submissions, results and every task
+// shard). WARDEN_ADVISORIES is a work queue too, but written only when a
+// task exhausts its deliveries.
+func Anchored(opts Options) ([]string, error) {
+	cs, err := StreamConfigs(opts)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, c := range cs {
+		if slices.Contains(c.Subjects, protocol.AnchorSubject(c.Name)) {
+			out = append(out, c.Name)
+		}
 	}
 	return out, nil
 }

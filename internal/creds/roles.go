@@ -185,6 +185,11 @@ func Roles(taskShards int) []Role {
 	}
 	// Failover re-dispatches moved tasks to other agents.
 	sup = append(sup, protocol.SubjectTaskPrefix+".>")
+	// Anchors (internal/supervisor/anchor.go): store one on each work-queue
+	// stream's own subject, find (by subject) and delete the ones before.
+	for _, s := range append([]string{protocol.StreamSubmit, protocol.StreamResults}, taskStreams(taskShards)...) {
+		sup = append(sup, protocol.AnchorSubject(s), msgGet(s), msgDelete(s))
+	}
 	sup = dedupe(slices.Concat(sup, readData))
 
 	return []Role{

@@ -207,3 +207,29 @@ func TestErrorText(t *testing.T) {
 		t.Errorf("Error: %q", got)
 	}
 }
+
+// TestQueuesCountTasksNotTheAnchor: a task stream's depth is its tasks; the
+// anchor the supervisor keeps there (protocol.AnchorSubject) is no task.
+func TestQueuesCountTasksNotTheAnchor(t *testing.T) {
+	t.Parallel()
+	_, nc, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{protocol.TaskSubject(0, "pool", "a"), protocol.TaskSubject(0, "pool", "a"), protocol.TaskSubject(0, "pool", "b"),
+		protocol.AnchorSubject(protocol.TaskStream(0))} {
+		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := ops.New(nc, store).Queues(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Tasks) != 1 || q.Tasks[0].Messages != 3 || q.TasksTotal != 3 || len(q.Tasks[0].Subjects) != 2 {
+		t.Fatalf("queues %+v: want one stream with 3 tasks for 2 agents", q)
+	}
+}

@@ -184,8 +184,11 @@ func (o *Ops) Queues(ctx context.Context) (Queues, error) {
 		if err != nil {
 			return q, fmt.Errorf("read %s: %w", n, err)
 		}
-		tq := TaskQueue{Stream: n, Messages: info.State.Msgs, Consumers: info.State.Consumers, Subjects: []QueueSubject{}}
+		// Messages counts tasks only: the stream also holds its anchor
+		// (protocol.AnchorSubject), outside the filter.
+		tq := TaskQueue{Stream: n, Consumers: info.State.Consumers, Subjects: []QueueSubject{}}
 		for subj, c := range info.State.Subjects {
+			tq.Messages += c
 			// warden.task.<shard>.<pool>.<agent>
 			parts := strings.Split(subj, ".")
 			if len(parts) != 5 {

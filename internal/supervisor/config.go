@@ -57,6 +57,10 @@ type Config struct {
 	// DrainTimeout is how long a drained critical agent may finish its
 	// tasks before what remains is transferred. Defaults to 30s.
 	DrainTimeout protocol.Duration `yaml:"drain_timeout"`
+	// AnchorInterval is how often the leader moves each work-queue stream's
+	// anchor to the stream's newest message, if anything was stored since
+	// (see anchors). Negative turns anchors off. Defaults to 1s.
+	AnchorInterval protocol.Duration `yaml:"anchor_interval"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to "".
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
@@ -108,10 +112,18 @@ func (c Config) WithDefaults() Config {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = protocol.Duration(30 * time.Second)
 	}
+	if c.AnchorInterval == 0 {
+		c.AnchorInterval = protocol.Duration(time.Second)
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
 	return c
+}
+
+// streamOptions are the stream definitions this supervisor applies.
+func (c Config) streamOptions() streams.Options {
+	return streams.Options{Replicas: c.Replicas, TaskShards: c.TaskShards, Partitions: c.Partitions, LeaseTTL: c.LeaseTTL.Std()}
 }
 
 // Validate reports the first field that breaks a rule.

@@ -16,6 +16,7 @@ import (
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // leader wires one term of leadership: it builds the components, each
@@ -32,6 +33,7 @@ type leader struct {
 	healer   *healer
 	failover *failover
 	transfer *transfers
+	anchors  *anchors // nil when anchor_interval is negative
 	log      zerolog.Logger
 	departed chan presence.Change
 	beats    chan protocol.Presence
@@ -83,6 +85,13 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 		care: map[string]*agentCare{}}
 	if l.healer.assessor, err = newAssessor(ctx, t, hc, view, l.sight, l.healer.log); err != nil {
 		return nil, err
+	}
+	if every := c.AnchorInterval.Std(); every > 0 {
+		names, err := streams.Anchored(c.streamOptions())
+		if err != nil {
+			return nil, err
+		}
+		l.anchors = newAnchors(s.js, names, every, log.With().Str("duty", "anchors").Logger())
 	}
 	view.OnChange(l.route)
 	return l, nil
@@ -136,6 +145,9 @@ func (s *Supervisor) leadTerm(ctx context.Context, lease leaseHolder, epoch uint
 	g.run(ctx, "dead letters", l.dead.run)
 	g.run(ctx, "transfers", l.transfer.run)
 	g.run(ctx, "health", func(ctx context.Context) error { return l.healer.run(ctx, l.beats, l.gone) })
+	if l.anchors != nil {
+		g.run(ctx, "anchors", l.anchors.run)
+	}
 	ctrl, err := s.nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) { l.manualFailover(ctx, m) })
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", protocol.SubjectControlFailover, err)

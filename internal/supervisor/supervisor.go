@@ -59,7 +59,7 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor
 
 // Run ensures the streams, then campaigns for leadership until ctx ends.
 func (s *Supervisor) Run(ctx context.Context) error {
-	if err := streams.Ensure(ctx, s.js, streams.Options{Replicas: s.cfg.Replicas, TaskShards: s.cfg.TaskShards, Partitions: s.cfg.Partitions, LeaseTTL: s.cfg.LeaseTTL.Std()}); err != nil {
+	if err := streams.Ensure(ctx, s.js, s.cfg.streamOptions()); err != nil {
 		return err
 	}
 	ops.ServeMicro(ctx, s.nc, ops.ServiceSupervisor, s.log) // nats micro ls: warden-supervisor (operator's edit)

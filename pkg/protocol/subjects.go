@@ -33,6 +33,9 @@ const (
 	// SubjectControlAdvance asks a scheduler (request-reply, queue group
 	// "scheduler") to advance the job named in the body now.
 	SubjectControlAdvance = "warden.control.advance"
+	// SubjectAnchorPrefix prefixes the anchor of each work-queue stream:
+	// warden.anchor.<stream>. No consumer takes it; see AnchorSubject.
+	SubjectAnchorPrefix = "warden.anchor"
 	// SubjectControlFailover asks the supervisor leader (request-reply) to
 	// fail over the agent whose presence key (<pool>.<agent>) is the body.
 	SubjectControlFailover = "warden.control.failover"
@@ -143,6 +146,15 @@ func ResultTransform(n int) (string, string) {
 	return SubjectResultPrefix + ".*.*.*.*", fmt.Sprintf(
 		"%s.{{partition(%d,3)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}", SubjectResultPrefix, max(n, 1))
 }
+
+// AnchorSubject is the subject of a work-queue stream's anchor: one message
+// the supervisor leader keeps as the stream's newest while the stream is
+// idle, and no consumer takes. nats-server (2.10-2.15 at least) replaces
+// a file stream's last block, creating a new file and writing a tombstone,
+// whenever an ack empties that block. Without an anchor, a lightly loaded
+// work-queue stream empties on nearly every ack (docs/protocol.md,
+// "Anchors").
+func AnchorSubject(stream string) string { return SubjectAnchorPrefix + "." + stream }
 
 // EventSubject is the subject of an event of a kind about an id.
 func EventSubject(kind EventKind, id string) string {
