@@ -13,6 +13,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // ErrNotFound: no dead letter with that id.
@@ -148,7 +149,7 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 		return l, err
 	}
 	Kick(ctx, q.nc, l.JobID)
-	if err := q.stream.DeleteMsg(ctx, id); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err := streams.DeleteMsg(ctx, q.stream, id); err != nil {
 		return l, fmt.Errorf("step reopened, but deleting dead letter %d failed: %w", id, err)
 	}
 	return l, nil

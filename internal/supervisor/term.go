@@ -12,6 +12,7 @@ import (
 	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // errNotLeader stops a side effect the leader may no longer cause.
@@ -90,10 +91,7 @@ func (t *term) deleteMsg(ctx context.Context, stream jetstream.Stream, seq uint6
 	if err := t.fence(); err != nil {
 		return err
 	}
-	if err := stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete message %d: %w", seq, err)
-	}
-	return nil
+	return streams.DeleteMsg(ctx, stream, seq)
 }
 
 // kvPut writes a key of a bucket the leader owns (warden_health).

@@ -1,0 +1,26 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DeleteMsg removes message seq from stream; one already gone is not an
+// error. nats.go (1.55) reports every refused delete as
+// jetstream.ErrMsgDeleteUnsuccessful with the server's text, and the server
+// answers "sequence not found" for a message already removed, so neither
+// errors.Is(err, jetstream.ErrMsgNotFound) nor an error code tells that case
+// apart: a get of the same sequence does (it reports ErrMsgNotFound by code).
+func DeleteMsg(ctx context.Context, stream jetstream.Stream, seq uint64) error {
+	err := stream.DeleteMsg(ctx, seq)
+	if err == nil {
+		return nil
+	}
+	if _, gerr := stream.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	return fmt.Errorf("delete message %d of %s: %w", seq, stream.CachedInfo().Config.Name, err)
+}
