@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // anchorBody says what an anchor is to whoever reads it with `nats stream view`.
@@ -29,23 +30,36 @@ var anchorBody = []byte("Warden anchor: keeps this work-queue stream's last file
 // "Session 9"). An unacked message in the last block keeps it from emptying.
 //
 // How: every interval, for each stream, if anything was stored after the
-// anchor (the stream's last sequence moved past it), publish a new anchor and
+// anchor (the stream's last sequence moved past it), store a new anchor and
 // delete the previous one, so the anchor follows the last block as blocks
 // fill and rotate. An idle stream costs one STREAM.INFO per interval and no
-// write. A new leader first removes the anchors an earlier term left;
-// while two supervisors both think they lead, each keeps its own and the
-// next term removes the spare.
+// write. A term's first anchor on a stream is followed by a search (by
+// subject) for anchors earlier terms left, which it deletes; while two
+// supervisors both think they lead, each keeps its own and the next term
+// removes the spare. A sequence is deleted only after a get shows it still
+// holds an anchor: a stream deleted and created again (or restored) while a
+// term runs reuses sequences.
 type anchors struct {
 	js      jetstream.JetStream
 	streams []string
 	every   time.Duration
 	log     zerolog.Logger
-	// last is the sequence of the anchor this term last stored, per stream.
-	last map[string]uint64
+	state   map[string]*anchorState
 }
 
+// anchorState is what this term knows of one stream's anchors.
+type anchorState struct {
+	last  uint64   // the anchor this term stored last; 0: none yet
+	swept bool     // earlier terms' anchors removed
+	stale []uint64 // this term's earlier anchors not deleted yet
+}
+
+// maxStale bounds the anchors a term retries deleting; past it the oldest
+// are left for the next term's sweep (and said so).
+const maxStale = 64
+
 func newAnchors(js jetstream.JetStream, names []string, every time.Duration, log zerolog.Logger) *anchors {
-	return &anchors{js: js, streams: names, every: every, log: log, last: make(map[string]uint64, len(names))}
+	return &anchors{js: js, streams: names, every: every, log: log, state: make(map[string]*anchorState, len(names))}
 }
 
 func (a *anchors) run(ctx context.Context) error {
@@ -77,27 +91,48 @@ func (a *anchors) run(ctx context.Context) error {
 }
 
 // keep makes the anchor of stream name its newest message unless nothing
-// was stored since the anchor this term wrote.
+// was stored since the anchor this term wrote, and deletes older anchors.
 func (a *anchors) keep(ctx context.Context, name string) error {
 	s, err := a.js.Stream(ctx, name)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
-	prev, ours := a.last[name]
-	if ours && s.CachedInfo().State.LastSeq == prev {
-		return nil
+	st := a.state[name]
+	lastSeq := s.CachedInfo().State.LastSeq
+	if st == nil || lastSeq < st.last {
+		// First look in this term, or the stream went back (deleted and
+		// created again, restored): start over.
+		st = &anchorState{}
+		a.state[name] = st
 	}
 	subject := protocol.AnchorSubject(name)
-	ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: anchorBody})
-	if err != nil {
-		return fmt.Errorf("store anchor of %s: %w", name, err)
+	if st.last == 0 || lastSeq != st.last {
+		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: anchorBody}, jetstream.WithExpectStream(name))
+		if err != nil {
+			return fmt.Errorf("store anchor of %s: %w", name, err)
+		}
+		if st.last != 0 {
+			st.stale = append(st.stale, st.last)
+			if n := len(st.stale) - maxStale; n > 0 {
+				a.log.Warn().Str("stream", name).Int("left", n).Msg("anchors not deleted: left for the next term")
+				st.stale = st.stale[n:]
+			}
+		}
+		st.last = ack.Sequence
 	}
-	a.last[name] = ack.Sequence
-	if !ours {
-		// This term's first: remove whatever anchors earlier terms left.
-		return a.removeBefore(ctx, s, subject, ack.Sequence)
+	if !st.swept {
+		if err := a.removeBefore(ctx, s, subject, st.last); err != nil {
+			return err
+		}
+		st.swept = true
 	}
-	return deleteMsg(ctx, s, prev)
+	for len(st.stale) > 0 {
+		if err := a.remove(ctx, s, subject, st.stale[0]); err != nil {
+			return err
+		}
+		st.stale = st.stale[1:]
+	}
+	return nil
 }
 
 // removeBefore deletes every message on subject stored before seq. It finds
@@ -118,7 +153,7 @@ func (a *anchors) removeBefore(ctx context.Context, s jetstream.Stream, subject 
 		if m.Sequence >= seq {
 			return nil
 		}
-		if err := deleteMsg(ctx, s, m.Sequence); err != nil {
+		if err := streams.DeleteMsg(ctx, s, m.Sequence); err != nil {
 			return err
 		}
 		from = m.Sequence + 1
@@ -126,9 +161,17 @@ func (a *anchors) removeBefore(ctx context.Context, s jetstream.Stream, subject 
 	return nil
 }
 
-func deleteMsg(ctx context.Context, s jetstream.Stream, seq uint64) error {
-	if err := s.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("delete anchor %d of %s: %w", seq, s.CachedInfo().Config.Name, err)
+// remove deletes this term's earlier anchor seq if seq still holds one.
+func (a *anchors) remove(ctx context.Context, s jetstream.Stream, subject string, seq uint64) error {
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("read anchor %d on %s: %w", seq, subject, err)
+	}
+	if m.Subject != subject {
+		return nil // not ours: the sequence was reused
+	}
+	return streams.DeleteMsg(ctx, s, seq)
 }

@@ -198,3 +198,47 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 		t.Fatalf("after a submission: %d anchors, newest %d (was %d), stream's last %d; want 1, moved to the last", count, moved, newest, lastSeq())
 	}
 }
+
+// TestAnchorsNeverDeleteAReusedSequence: a stream deleted and created again
+// while a term runs reuses sequences; the anchor this term stored at one of
+// them is gone, and the message there now is not deleted.
+func TestAnchorsNeverDeleteAReusedSequence(t *testing.T) {
+	srv, _, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	stream := protocol.StreamSubmit
+	submit := func(n int) {
+		for i := 0; i < n; i++ {
+			if _, err := js.Publish(ctx, protocol.SubmitSubject("job-"+strconv.Itoa(i)), []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a := newAnchors(js, []string{stream}, time.Hour, zerolog.Nop())
+	submit(2)
+	if err := a.keep(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, anchor := anchorsOn(t, js, stream); anchor != 3 {
+		t.Fatalf("anchor at %d, want 3", anchor)
+	}
+
+	if err := js.DeleteStream(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	srv.Ensure(t, js, streams.Options{})
+	submit(5) // sequences 1-5: 3 is a submission now
+	if err := a.keep(ctx, stream); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetMsg(ctx, 3); err != nil || m.Subject == protocol.AnchorSubject(stream) {
+		t.Fatalf("sequence 3 after the stream was made again: %v (%v); want the submission there", m, err)
+	}
+	count, anchor := anchorsOn(t, js, stream)
+	if msgs := s.CachedInfo().State.Msgs; count != 1 || anchor != 6 || msgs != 6 {
+		t.Fatalf("%d anchors, newest %d, %d messages; want 1 anchor at 6 beside the 5 submissions", count, anchor, msgs)
+	}
+}
