@@ -61,7 +61,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	// another message, which the run's own ack does not settle).
 	if a.reported.has(runKey) {
 		log.Info().Msg("delivered again after its result was stored here: acking it without running it again")
-		a.ackReported(workCtx, msg, log)
+		a.ackReported(msg, log)
 		return
 	}
 	if dup {

@@ -87,7 +87,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 	if a.hooks != nil && a.hooks.Reported != nil {
 		a.hooks.Reported(res.JobID, res.StepID)
 	}
-	a.ackReported(workCtx, msg, log)
+	a.ackReported(msg, log)
 }
 
 // ackReported acks a task whose result is stored. If the ack is lost, the
@@ -99,7 +99,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 // was one more message from the server per task and held the slot until
 // it came; a plain ack made jobs_per_s 12 % higher in an A/B
 // (docs/performance.md, "Session 9").
-func (a *Agent) ackReported(workCtx context.Context, msg jetstream.Msg, log zerolog.Logger) {
+func (a *Agent) ackReported(msg jetstream.Msg, log zerolog.Logger) {
 	if err := msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		log.Warn().Err(err).Msg("ack after result failed")
 	}

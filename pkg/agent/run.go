@@ -103,6 +103,13 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
 	defer cancel()
+	if !a.ownConn {
+		// Acks are plain publishes (report.go): on a connection the caller
+		// owns, make sure they left before Run returns and the caller exits.
+		if err := a.nc.FlushWithContext(sctx); err != nil {
+			a.log.Warn().Err(err).Msg("acks and naks not flushed to the server")
+		}
+	}
 	if err := ann.Stop(sctx); err != nil {
 		a.log.Warn().Err(err).Msg("presence not deleted; it expires by itself")
 	}
