@@ -19,8 +19,12 @@ func DeleteMsg(ctx context.Context, stream jetstream.Stream, seq uint64) error {
 	if err == nil {
 		return nil
 	}
-	if _, gerr := stream.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+	_, gerr := stream.GetMsg(ctx, seq)
+	if errors.Is(gerr, jetstream.ErrMsgNotFound) {
 		return nil
+	}
+	if gerr != nil {
+		return fmt.Errorf("delete message %d of %s: %w (and reading it back: %v)", seq, stream.CachedInfo().Config.Name, err, gerr)
 	}
 	return fmt.Errorf("delete message %d of %s: %w", seq, stream.CachedInfo().Config.Name, err)
 }

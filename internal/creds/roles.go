@@ -188,7 +188,9 @@ func Roles(taskShards int) []Role {
 	// Anchors (internal/supervisor/anchor.go): store one on each work-queue
 	// stream's own subject, find (by subject) and delete the ones before.
 	for _, s := range append([]string{protocol.StreamSubmit, protocol.StreamResults}, taskStreams(taskShards)...) {
+		// DIRECT.GET too: a stream with allow_direct serves GetMsg there.
 		sup = append(sup, protocol.AnchorSubject(s), msgGet(s), msgDelete(s))
+		sup = append(sup, directGet(s)...)
 	}
 	sup = dedupe(slices.Concat(sup, readData))
 

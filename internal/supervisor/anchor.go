@@ -49,13 +49,14 @@ type anchors struct {
 
 // anchorState is what this term knows of one stream's anchors.
 type anchorState struct {
-	last  uint64   // the anchor this term stored last; 0: none yet
-	swept bool     // earlier terms' anchors removed
-	stale []uint64 // this term's earlier anchors not deleted yet
+	created time.Time // the stream's creation: another means it was made again
+	last    uint64    // the anchor this term stored last; 0: none yet
+	swept   bool      // no anchor before last but those in stale
+	stale   []uint64  // this term's earlier anchors not deleted yet
 }
 
-// maxStale bounds the anchors a term retries deleting; past it the oldest
-// are left for the next term's sweep (and said so).
+// maxStale bounds the anchors a term remembers to delete; past it the
+// oldest are forgotten and left to a sweep by subject.
 const maxStale = 64
 
 func newAnchors(js jetstream.JetStream, names []string, every time.Duration, log zerolog.Logger) *anchors {
@@ -98,24 +99,28 @@ func (a *anchors) keep(ctx context.Context, name string) error {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
 	st := a.state[name]
-	lastSeq := s.CachedInfo().State.LastSeq
-	if st == nil || lastSeq < st.last {
-		// First look in this term, or the stream went back (deleted and
-		// created again, restored): start over.
-		st = &anchorState{}
+	info := s.CachedInfo()
+	lastSeq := info.State.LastSeq
+	if st == nil || lastSeq < st.last || !info.Created.Equal(st.created) {
+		// First look in this term, or the stream was made again (deleted
+		// and created, restored): start over.
+		st = &anchorState{created: info.Created}
 		a.state[name] = st
 	}
 	subject := protocol.AnchorSubject(name)
 	if st.last == 0 || lastSeq != st.last {
 		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: anchorBody}, jetstream.WithExpectStream(name))
 		if err != nil {
+			// The server may have stored it all the same (a lost PubAck):
+			// sweep by subject once a publish succeeds.
+			st.swept = false
 			return fmt.Errorf("store anchor of %s: %w", name, err)
 		}
 		if st.last != 0 {
 			st.stale = append(st.stale, st.last)
 			if n := len(st.stale) - maxStale; n > 0 {
-				a.log.Warn().Str("stream", name).Int("left", n).Msg("anchors not deleted: left for the next term")
 				st.stale = st.stale[n:]
+				st.swept = false
 			}
 		}
 		st.last = ack.Sequence
