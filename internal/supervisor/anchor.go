@@ -30,15 +30,15 @@ var anchorBody = []byte("Warden anchor: keeps this work-queue stream's last file
 // "Session 9"). An unacked message in the last block keeps it from emptying.
 //
 // How: every interval, for each stream, if anything was stored after the
-// anchor (the stream's last sequence moved past it), store a new anchor and
-// delete the previous one, so the anchor follows the last block as blocks
-// fill and rotate. An idle stream costs one STREAM.INFO per interval and no
-// write. A term's first anchor on a stream is followed by a search (by
-// subject) for anchors earlier terms left, which it deletes; while two
-// supervisors both think they lead, each keeps its own and the next term
-// removes the spare. A sequence is deleted only after a get shows it still
-// holds an anchor: a stream deleted and created again (or restored) while a
-// term runs reuses sequences.
+// anchor (the stream's last sequence moved past it), store a new anchor,
+// then delete every anchor before it, found by subject from where the last
+// such sweep ended: so the anchor follows the last block as blocks fill and
+// rotate, and only messages on the anchor subject are ever deleted. An idle
+// stream costs one STREAM.INFO per interval and no write. A term starts its
+// sweeps at sequence 1, which removes what earlier terms left; while two
+// supervisors both think they lead, each sweeps the other's away and stores
+// its own. A sweep that fails, or an anchor stored whose PubAck was lost,
+// is picked up by the next sweep, which starts no later.
 type anchors struct {
 	js      jetstream.JetStream
 	streams []string
@@ -51,13 +51,8 @@ type anchors struct {
 type anchorState struct {
 	created time.Time // the stream's creation: another means it was made again
 	last    uint64    // the anchor this term stored last; 0: none yet
-	swept   bool      // no anchor before last but those in stale
-	stale   []uint64  // this term's earlier anchors not deleted yet
+	from    uint64    // no anchor before it but last's: where the next sweep starts
 }
-
-// maxStale bounds the anchors a term remembers to delete; past it the
-// oldest are forgotten and left to a sweep by subject.
-const maxStale = 64
 
 func newAnchors(js jetstream.JetStream, names []string, every time.Duration, log zerolog.Logger) *anchors {
 	return &anchors{js: js, streams: names, every: every, log: log, state: make(map[string]*anchorState, len(names))}
@@ -98,85 +93,47 @@ func (a *anchors) keep(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
-	st := a.state[name]
 	info := s.CachedInfo()
-	lastSeq := info.State.LastSeq
-	if st == nil || lastSeq < st.last || !info.Created.Equal(st.created) {
+	st := a.state[name]
+	if st == nil || !info.Created.Equal(st.created) || info.State.LastSeq < st.last {
 		// First look in this term, or the stream was made again (deleted
-		// and created, restored): start over.
-		st = &anchorState{created: info.Created}
+		// and created, restored): sweep it from the start.
+		st = &anchorState{created: info.Created, from: 1}
 		a.state[name] = st
 	}
 	subject := protocol.AnchorSubject(name)
-	if st.last == 0 || lastSeq != st.last {
+	if st.last == 0 || info.State.LastSeq != st.last {
 		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: anchorBody}, jetstream.WithExpectStream(name))
 		if err != nil {
-			// The server may have stored it all the same (a lost PubAck):
-			// sweep by subject once a publish succeeds.
-			st.swept = false
 			return fmt.Errorf("store anchor of %s: %w", name, err)
-		}
-		if st.last != 0 {
-			st.stale = append(st.stale, st.last)
-			if n := len(st.stale) - maxStale; n > 0 {
-				st.stale = st.stale[n:]
-				st.swept = false
-			}
 		}
 		st.last = ack.Sequence
 	}
-	if !st.swept {
-		if err := a.removeBefore(ctx, s, subject, st.last); err != nil {
-			return err
-		}
-		st.swept = true
-	}
-	for len(st.stale) > 0 {
-		if err := a.remove(ctx, s, subject, st.stale[0]); err != nil {
-			return err
-		}
-		st.stale = st.stale[1:]
-	}
-	return nil
+	return a.sweep(ctx, s, subject, st)
 }
 
-// removeBefore deletes every message on subject stored before seq. It finds
-// them one at a time (the server's next message on a subject, from its
-// per-subject index): there are as many as terms that ended between an
-// anchor's store and the delete of the one before, usually none. A purge of
-// the subject would do it in one request, but the permission to purge is
-// the permission to empty the whole stream.
-func (a *anchors) removeBefore(ctx context.Context, s jetstream.Stream, subject string, seq uint64) error {
-	for from := uint64(1); from < seq; {
-		m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+// sweep deletes every message on subject from st.from up to st.last,
+// finding them one at a time (the server's next message on a subject, from
+// its per-subject index): usually one, the anchor before. A purge of the
+// subject would do it in one request, but the permission to purge is the
+// permission to empty the whole stream.
+func (a *anchors) sweep(ctx context.Context, s jetstream.Stream, subject string, st *anchorState) error {
+	for st.from < st.last {
+		m, err := s.GetMsg(ctx, st.from, jetstream.WithGetMsgSubject(subject))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			st.from = st.last // not even last: a later sweep finds what is stored after it
 			return nil
-		}
-		if err != nil {
+		case err != nil:
 			return fmt.Errorf("find earlier anchors on %s: %w", subject, err)
-		}
-		if m.Sequence >= seq {
+		case m.Sequence >= st.last:
+			st.from = st.last
 			return nil
 		}
 		if err := streams.DeleteMsg(ctx, s, m.Sequence); err != nil {
 			return err
 		}
-		from = m.Sequence + 1
+		st.from = m.Sequence + 1
 	}
 	return nil
-}
-
-// remove deletes this term's earlier anchor seq if seq still holds one.
-func (a *anchors) remove(ctx context.Context, s jetstream.Stream, subject string, seq uint64) error {
-	m, err := s.GetMsg(ctx, seq)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("read anchor %d on %s: %w", seq, subject, err)
-	}
-	if m.Subject != subject {
-		return nil // not ours: the sequence was reused
-	}
-	return streams.DeleteMsg(ctx, s, seq)
 }

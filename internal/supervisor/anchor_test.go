@@ -201,9 +201,8 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 
 // TestAnchorsNeverDeleteAReusedSequence: a stream deleted and created again
 // while a term runs reuses sequences; the anchor this term stored at one of
-// them is gone, and the message there now is not deleted. Two guards stop
-// it, each enough alone: the stream's creation time (start over) and the
-// subject read back before a delete; the test fails with both removed.
+// them is gone, and the message there now is not deleted: anchors are
+// found by subject, never deleted by a remembered sequence.
 func TestAnchorsNeverDeleteAReusedSequence(t *testing.T) {
 	srv, _, js := natstest.Start(t, streams.Options{})
 	ctx := context.Background()

@@ -148,12 +148,9 @@ func ResultTransform(n int) (string, string) {
 }
 
 // AnchorSubject is the subject of a work-queue stream's anchor: one message
-// the supervisor leader keeps as the stream's newest while the stream is
-// idle, and no consumer takes. nats-server (2.10-2.15 at least) replaces
-// a file stream's last block, creating a new file and writing a tombstone,
-// whenever an ack empties that block. Without an anchor, a lightly loaded
-// work-queue stream empties on nearly every ack (docs/protocol.md,
-// "Anchors").
+// the supervisor leader keeps as the stream's newest, which no consumer
+// takes, so that acks never empty the stream's last file block
+// (docs/protocol.md, "Anchors").
 func AnchorSubject(stream string) string { return SubjectAnchorPrefix + "." + stream }
 
 // EventSubject is the subject of an event of a kind about an id.
