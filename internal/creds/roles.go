@@ -187,10 +187,14 @@ func Roles(taskShards int) []Role {
 	sup = append(sup, protocol.SubjectTaskPrefix+".>")
 	// Anchors (internal/supervisor/anchor.go): store one on each work-queue
 	// stream's own subject, find (by subject) and delete the ones before.
-	for _, s := range append([]string{protocol.StreamSubmit, protocol.StreamResults}, taskStreams(taskShards)...) {
-		// DIRECT.GET too: a stream with allow_direct serves GetMsg there.
-		sup = append(sup, protocol.AnchorSubject(s), msgGet(s), msgDelete(s))
-		sup = append(sup, directGet(s)...)
+	// The task streams' gets and deletes are granted above; the submit and
+	// results streams get the same (DIRECT.GET too: a stream with
+	// allow_direct serves GetMsg there).
+	for _, s := range taskStreams(taskShards) {
+		sup = append(sup, protocol.AnchorSubject(s))
+	}
+	for _, s := range []string{protocol.StreamSubmit, protocol.StreamResults} {
+		sup = slices.Concat(sup, []string{protocol.AnchorSubject(s), msgGet(s), msgDelete(s)}, directGet(s))
 	}
 	sup = dedupe(slices.Concat(sup, readData))
 
