@@ -49,6 +49,21 @@ func (e *Env) deploy(tb *runTB, agents, maxConcurrent int, onTask func(string, t
 	return d
 }
 
+// watch starts measuring a window of a deployment's work: the CPU of
+// nats-server, the scheduler and this process from /proc, the machine's
+// busy share, and (with --profile-dir) their profiles, named name. The
+// returned func ends the window and gives cores per process and busy.
+func (e *Env) watch(tb *runTB, d *deployment, name string, dur time.Duration) func() (map[string]float64, float64) {
+	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "scheduler": d.sched.PID(), "bench": os.Getpid()})
+	machine := newMachineMeter()
+	stopProfiles := e.startProfiles(tb, d.srv, name, dur, profileOf("scheduler", d.sched))
+	return func() (map[string]float64, float64) {
+		cores, busy := meter.Cores(), machine.Busy()
+		stopProfiles()
+		return cores, busy
+	}
+}
+
 // runJobs submits n jobs from pubs publishers asynchronously and waits for
 // all of them to finish. It returns the time from the first publish to the
 // last job_finished event.
@@ -116,13 +131,9 @@ func (e *Env) runThroughput(tb *runTB) {
 	before := streamSeqs(tb, d.js)
 	delivered := schedulerDeliveries(tb, d.js)
 	base := d.track.Count()
-	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "scheduler": d.sched.PID(), "bench": os.Getpid()})
-	machine := newMachineMeter()
-	stopProfiles := e.startProfiles(tb, d.srv, "throughput", dur, profileOf("scheduler", d.sched))
+	window := e.watch(tb, d, "throughput", dur)
 	submitted, done, el := d.keepInFlight(tb, "job", spec, inFlight, dur)
-	cores := meter.Cores()
-	busy := machine.Busy()
-	stopProfiles()
+	cores, busy := window()
 	if !d.track.waitCount(base+submitted, 2*time.Minute) {
 		tb.Fatalf("only %d of %d jobs finished", d.track.Count()-base, submitted)
 	}
@@ -242,9 +253,7 @@ func (e *Env) runLatency(tb *runTB) {
 	total := int(rate * dur.Seconds())
 	sent := make(map[string]time.Time, total)
 	before := d.track.Count()
-	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "scheduler": d.sched.PID(), "bench": os.Getpid()})
-	machine := newMachineMeter()
-	stopProfiles := e.startProfiles(tb, d.srv, "halfload", dur, profileOf("scheduler", d.sched))
+	window := e.watch(tb, d, "halfload", dur)
 	start := time.Now()
 	tick := time.NewTicker(time.Millisecond)
 	for i := 0; i < total; {
@@ -259,8 +268,7 @@ func (e *Env) runLatency(tb *runTB) {
 		}
 	}
 	tick.Stop()
-	cores, busy := meter.Cores(), machine.Busy()
-	stopProfiles()
+	cores, busy := window()
 	if !d.track.waitCount(before+total, 2*time.Minute) {
 		tb.Fatalf("half load: only %d of %d jobs finished", d.track.Count()-before, total)
 	}
