@@ -5,13 +5,15 @@
 //
 //   - raw: plain JetStream — synchronous and asynchronous publish, pull
 //     consume with explicit acks and KV put — the baseline every Warden
-//     figure is also reported against;
+//     figure is also reported against, and the job-shaped pipeline:
+//     Warden's messages with no Warden work (rawjob.go);
 //   - throughput: single-step jobs kept in flight for a fixed time, the
 //     JetStream writes one job costs (counted from the streams' sequence
 //     numbers, not estimated), the server's and Warden's CPU meanwhile,
 //     and 10-step chains;
 //   - latency: submit→complete at low load, submit→dispatch at half of the
-//     measured maximum;
+//     measured maximum, then the job-shaped pipeline paced at that same
+//     rate (the broker's own tail there);
 //   - dag: a 1,000-step fan-out, a 100-step chain, single-step probes
 //     while a 1,000-step job runs, and the cancel of a running 1,000-step
 //     job;

@@ -71,6 +71,9 @@ type Env struct {
 	bins   map[string]string // scheduler, supervisor, bench, nats-server
 	self   string            // this executable, for `bench agent`
 	serial int
+	// halfRate is the rate the latency phase offered Warden as half load,
+	// for the pipeline's run at the same rate.
+	halfRate float64
 }
 
 func (e *Env) logf(format string, args ...any) {

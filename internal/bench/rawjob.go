@@ -25,8 +25,8 @@ const (
 	rawResultSize    = 300
 )
 
-// runRawJobs drives the broker with the messages one single-step Warden
-// job costs, on Warden's own streams and buckets (streams.Ensure), with
+// rawJobs drives the broker with the messages one single-step Warden job
+// costs, on Warden's own streams and buckets (streams.Ensure), with
 // nothing else: no spec parsing, no records decoded, no selection, agents
 // that answer at once. Each stage pipelines its writes and acks its input
 // only after the write it caused has its PubAck, as Warden does:
@@ -39,12 +39,25 @@ const (
 // Five stored messages per job (Warden: writes_per_job). What this
 // reaches with 2,000 jobs in flight is the broker's ceiling for Warden's
 // protocol on this machine: Warden's jobs_per_s can approach it, not
-// pass it.
-func (e *Env) runRawJobs(tb *runTB) {
-	const sec = "raw JetStream"
+// pass it. Paced at Warden's half load, it is what the broker alone does
+// for latency at that rate.
+type rawJobs struct {
+	srv    *natsServer
+	client jetstream.JetStream
+	done   atomic.Int64
+	// timed: the agents and the tracker note when each job arrived (the
+	// paced run); the in-flight run leaves them out to cost what it did.
+	timed               bool
+	dispatched, settled sync.Map // job id → time.Time
+	spec                []byte
+}
+
+// startRawJobs starts a server and the pipeline's stages on it; they stop
+// when tb closes.
+func (e *Env) startRawJobs(tb *runTB, timed bool) *rawJobs {
 	srv := e.startServer(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	tb.Cleanup(cancel)
 	_, admin := connect(tb, srv.URL, "bench-rawjob-admin")
 	if err := streams.Ensure(ctx, admin, streams.Options{}); err != nil {
 		tb.Fatalf("streams: %v", err)
@@ -57,6 +70,7 @@ func (e *Env) runRawJobs(tb *runTB) {
 	for i := range agentJS {
 		_, agentJS[i] = connect(tb, srv.URL, fmt.Sprintf("bench-rawjob-agents-%d", i))
 	}
+	r := &rawJobs{srv: srv, client: client, timed: timed, spec: singleStepSpec("noop", "")}
 	record, taskBody, resultBody := filler(rawJobRecordSize), filler(rawTaskSize), filler(rawResultSize)
 	// Each agent's task subject, computed once; jobs go round-robin.
 	taskSubjects := make([]string, agents)
@@ -67,7 +81,7 @@ func (e *Env) runRawJobs(tb *runTB) {
 	var nextAgent atomic.Uint64
 
 	p := newPipeline()
-	defer p.close()
+	tb.Cleanup(p.close)
 	var revs sync.Map // job → its record's revision (the scheduler's cache)
 
 	// Scheduler: submissions.
@@ -86,19 +100,22 @@ func (e *Env) runRawJobs(tb *runTB) {
 			p.then(sched, task, func(*jetstream.PubAck) { _ = m.Ack() })
 		})
 	})
-	defer submits.Stop()
+	tb.Cleanup(submits.Stop)
 	// Scheduler: results.
 	results := consumeAll(ctx, tb, sched, protocol.StreamResults, "rawjob-results", protocol.SubjectResultPrefix+".>", func(m jetstream.Msg) {
 		id := m.Headers().Get(protocol.HeaderJob)
-		rev, _ := revs.LoadAndDelete(id)
-		r, _ := rev.(uint64)
+		v, _ := revs.LoadAndDelete(id)
+		rev, _ := v.(uint64)
 		kv := nats.NewMsg("$KV." + protocol.BucketJobs + "." + protocol.JobKey(id))
-		kv.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(r, 10))
+		kv.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(rev, 10))
 		kv.Header.Set(protocol.HeaderRecordState, "succeeded")
+		if r.timed {
+			kv.Header.Set(protocol.HeaderJob, id) // for the tracker's time
+		}
 		kv.Data = record
 		p.then(sched, kv, func(*jetstream.PubAck) { _ = m.Ack() })
 	})
-	defer results.Stop()
+	tb.Cleanup(results.Stop)
 	// Agents: each its own consumer on its task subject.
 	for i := range agents {
 		agent := fmt.Sprintf("a%d", i)
@@ -106,15 +123,17 @@ func (e *Env) runRawJobs(tb *runTB) {
 		shard := protocol.Shard("bench", agent, streams.DefaultTaskShards)
 		cc := consumeAll(ctx, tb, js, protocol.TaskStream(shard), "rawjob-"+agent, protocol.TaskSubject(shard, "bench", agent), func(m jetstream.Msg) {
 			id := m.Headers().Get(protocol.HeaderJob)
+			if r.timed {
+				r.dispatched.LoadOrStore(id, time.Now())
+			}
 			res := nats.NewMsg(protocol.ResultSubject("bench", agent, id, "s"))
 			res.Header.Set(protocol.HeaderJob, id)
 			res.Data = resultBody
 			p.then(js, res, func(*jetstream.PubAck) { _ = m.Ack() })
 		})
-		defer cc.Stop()
+		tb.Cleanup(cc.Stop)
 	}
 	// Tracker: terminal records, as the throughput phase's tracker sees them.
-	var done atomic.Int64
 	oc, err := tracker.OrderedConsumer(ctx, "KV_"+protocol.BucketJobs, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$KV." + protocol.BucketJobs + ".job.>"}, DeliverPolicy: jetstream.DeliverNewPolicy})
 	if err != nil {
@@ -122,55 +141,106 @@ func (e *Env) runRawJobs(tb *runTB) {
 	}
 	tc, err := oc.Consume(func(m jetstream.Msg) {
 		if m.Headers().Get(protocol.HeaderRecordState) == "succeeded" {
-			done.Add(1)
+			if r.timed {
+				r.settled.LoadOrStore(m.Headers().Get(protocol.HeaderJob), time.Now())
+			}
+			r.done.Add(1)
 		}
 	})
 	if err != nil {
 		tb.Fatalf("tracker: %v", err)
 	}
-	defer tc.Stop()
+	tb.Cleanup(tc.Stop)
+	actx, stopAnchors := context.WithCancel(ctx)
+	anchored := make(chan struct{})
+	go func() { defer close(anchored); keepRawAnchors(actx, admin) }()
+	tb.Cleanup(func() { stopAnchors(); <-anchored })
+	return r
+}
 
-	spec := singleStepSpec("noop", "")
-	submit := func(i int) {
-		if _, err := client.PublishMsgAsync(submission("r"+strconv.Itoa(i), spec), jetstream.WithStallWait(stallWait)); err != nil {
-			tb.Fatalf("submit: %v", err)
-		}
+// keepRawAnchors does what the supervisor leader's anchors do (package
+// supervisor, anchor.go), once a second: a new anchor on each work-queue
+// stream, the previous one deleted, so an ack never empties a stream's last
+// block. Without it the paced run pays the block re-creation Warden no
+// longer pays, and reads the broker slower than Warden's protocol is.
+func keepRawAnchors(ctx context.Context, js jetstream.JetStream) {
+	names, err := streams.Anchored(streams.Options{})
+	if err != nil {
+		return
 	}
-	// Warm up, then keep 2,000 in flight for the window, as runThroughput.
-	waitDone := func(n int64) {
-		deadline := time.Now().Add(time.Minute)
-		for done.Load() < n {
-			if time.Now().After(deadline) {
-				tb.Fatalf("raw job pipeline: %d of %d jobs done", done.Load(), n)
+	last := map[string]uint64{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		for _, name := range names {
+			ack, err := js.Publish(ctx, protocol.AnchorSubject(name), nil)
+			if err != nil {
+				continue
 			}
-			time.Sleep(5 * time.Millisecond)
+			if prev := last[name]; prev != 0 {
+				if s, err := js.Stream(ctx, name); err == nil {
+					_ = s.DeleteMsg(ctx, prev)
+				}
+			}
+			last[name] = ack.Sequence
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
+}
+
+// submit publishes job id's submission asynchronously.
+func (r *rawJobs) submit(tb *runTB, id string) {
+	if _, err := r.client.PublishMsgAsync(submission(id, r.spec), jetstream.WithStallWait(stallWait)); err != nil {
+		tb.Fatalf("submit: %v", err)
+	}
+}
+
+// waitDone waits until n jobs have their terminal record.
+func (r *rawJobs) waitDone(tb *runTB, n int64) {
+	deadline := time.Now().Add(time.Minute)
+	for r.done.Load() < n {
+		if time.Now().After(deadline) {
+			tb.Fatalf("raw job pipeline: %d of %d jobs done", r.done.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runRawJobs measures the pipeline's most jobs/s: 2,000 in flight, as
+// runThroughput keeps them.
+func (e *Env) runRawJobs(tb *runTB) {
+	const sec = "raw JetStream"
+	r := e.startRawJobs(tb, false)
+	// Warm up, then keep 2,000 in flight for the window, as runThroughput.
 	n := 0
 	for ; n < 500; n++ {
-		submit(n)
+		r.submit(tb, "r"+strconv.Itoa(n))
 	}
-	waitDone(int64(n))
+	r.waitDone(tb, int64(n))
 	inFlight := int64(pick(e, 2000, 1000))
 	dur := pick(e, 8*time.Second, 4*time.Second)
-	base := done.Load()
+	base := r.done.Load()
 	sent := int64(0)
-	meter := newCPUMeter(map[string]int{"server": srv.PID(), "bench": os.Getpid()})
-	stopProfiles := e.startProfiles(tb, srv, "raw-jobs", dur)
+	meter := newCPUMeter(map[string]int{"server": r.srv.PID(), "bench": os.Getpid()})
+	stopProfiles := e.startProfiles(tb, r.srv, "raw-jobs", dur)
 	start := time.Now()
 	for time.Since(start) < dur {
-		for sent-(done.Load()-base) < inFlight {
-			submit(n)
+		for sent-(r.done.Load()-base) < inFlight {
+			r.submit(tb, "r"+strconv.Itoa(n))
 			n++
 			sent++
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
 	el := time.Since(start)
-	finished := done.Load() - base
+	finished := r.done.Load() - base
 	cores := meter.Cores()
 	stopProfiles()
-	waitDone(int64(n))
+	r.waitDone(tb, int64(n))
 	rate := float64(finished) / el.Seconds()
 	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_per_s", Label: "job-shaped pipeline (Warden's messages, no Warden)", Value: rate, Unit: "jobs/s",
 		Note: fmt.Sprintf("%d in flight for %s; per job: submit, record create, task, result, record update, on Warden's streams; nats-server %.2f cores, clients %.2f", inFlight, dur, cores["server"], cores["bench"])})
@@ -180,6 +250,63 @@ func (e *Env) runRawJobs(tb *runTB) {
 			Note: "the broker's own cost of one job's messages; the machine's cores ÷ this = the most jobs/s its broker could carry with every client free"})
 	}
 	e.logf("raw: job-shaped pipeline %.0f jobs/s (server %.2f cores, clients %.2f)", rate, cores["server"], cores["bench"])
+}
+
+// runRawJobsHalfLoad paces the pipeline at the rate the latency phase
+// offered Warden (half of jobs_per_s), the same way, and reads the same
+// latencies: what the broker alone, carrying Warden's messages on this
+// machine, does at that rate. Warden's half-load p99 cannot go below it.
+func (e *Env) runRawJobsHalfLoad(tb *runTB) {
+	const sec = "raw JetStream"
+	rate := e.halfRate
+	if rate <= 0 {
+		e.logf("raw-half-load: no half-load rate from the latency phase; skipped")
+		return
+	}
+	r := e.startRawJobs(tb, true)
+	n := 0
+	for ; n < 500; n++ {
+		r.submit(tb, "w"+strconv.Itoa(n))
+	}
+	r.waitDone(tb, int64(n))
+	dur := pick(e, 8*time.Second, 3*time.Second)
+	total := int(rate * dur.Seconds())
+	sent := make(map[string]time.Time, total)
+	meter := newCPUMeter(map[string]int{"server": r.srv.PID(), "bench": os.Getpid()})
+	machine := newMachineMeter()
+	stopProfiles := e.startProfiles(tb, r.srv, "raw-halfload", dur)
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	for i := 0; i < total; {
+		<-tick.C
+		due := int(time.Since(start).Seconds() * rate)
+		for ; i < due && i < total; i++ {
+			id := "h" + strconv.Itoa(i)
+			sent[id] = time.Now()
+			r.submit(tb, id)
+		}
+	}
+	tick.Stop()
+	cores, busy := meter.Cores(), machine.Busy()
+	stopProfiles()
+	r.waitDone(tb, int64(n+total))
+	var disp, comp []time.Duration
+	for id, t0 := range sent {
+		d, ok1 := r.dispatched.Load(id)
+		c, ok2 := r.settled.Load(id)
+		if !ok1 || !ok2 {
+			tb.Fatalf("raw half load: job %s has no dispatch or terminal time", id)
+		}
+		disp = append(disp, d.(time.Time).Sub(t0))
+		comp = append(comp, c.(time.Time).Sub(t0))
+	}
+	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_half_dispatch_p99_ms", Label: "pipeline submit→dispatch p99 at Warden's half load", Value: ms(percentile(disp, 99)), Unit: "ms",
+		Note: fmt.Sprintf("%.0f jobs/s offered for %s, paced as the latency phase paces Warden; p50 %.2f ms; machine busy %.0f%%, cores: server %.2f, clients %.2f",
+			rate, dur, ms(percentile(disp, 50)), 100*busy, cores["server"], cores["bench"])})
+	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_half_dispatch_p50_ms", Label: "pipeline submit→dispatch p50 at Warden's half load", Value: ms(percentile(disp, 50)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_half_complete_p99_ms", Label: "pipeline submit→complete p99 at Warden's half load", Value: ms(percentile(comp, 99)), Unit: "ms"})
+	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_half_machine_busy", Label: "machine CPU busy, pipeline at Warden's half load", Value: busy, Unit: "fraction"})
+	e.logf("raw: job-shaped pipeline at %.0f jobs/s: dispatch p99 %.2f ms, p50 %.2f ms, machine busy %.0f%%", rate, ms(percentile(disp, 99)), ms(percentile(disp, 50)), 100*busy)
 }
 
 // consumeAll consumes a subject of a stream with a durable explicit-ack

@@ -249,6 +249,7 @@ func (e *Env) runLatency(tb *runTB) {
 		rate, how = 400, "no throughput phase in this run: 200 jobs/s assumed as half"
 	}
 	rate /= 2
+	e.halfRate = rate
 	dur := pick(e, 8*time.Second, 3*time.Second)
 	total := int(rate * dur.Seconds())
 	sent := make(map[string]time.Time, total)
