@@ -221,16 +221,23 @@ func (e *Env) dagCancel(tb *runTB, steps int, bound time.Duration) {
 	if _, err := d.js.PublishMsg(ctx, submission("victim", fanoutSpecAction(steps, "hold"))); err != nil {
 		tb.Fatalf("submit: %v", err)
 	}
-	// Running: as many steps started as the agents take (8 × 64), or a
-	// tenth of them after the bound.
+	// Running: as many steps started as the agents take (8 × 64), or, once
+	// a tenth of them started, as many as started before the count stayed
+	// still for a second. One job holds at most max_job_share (default
+	// 0.5) of the slots, so 256 start: waiting for 512 cost every run the
+	// whole bound, two minutes.
 	want := int64(min(steps, 8*64))
 	t0 := time.Now()
-	for started.Load() < want {
-		if time.Since(t0) > bound && started.Load() >= int64(steps/10) {
+	last, still := started.Load(), time.Now()
+	for n := last; n < want; n = started.Load() {
+		if n != last {
+			last, still = n, time.Now()
+		}
+		if n >= int64(steps/10) && time.Since(still) > time.Second {
 			break
 		}
 		if time.Since(t0) > 2*bound {
-			tb.Fatalf("only %d of %d steps started within %s", started.Load(), want, 2*bound)
+			tb.Fatalf("only %d of %d steps started within %s", n, want, 2*bound)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
