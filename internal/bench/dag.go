@@ -11,6 +11,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // runDAG measures large jobs, each in a fresh deployment so that a job
@@ -33,6 +34,11 @@ func (e *Env) runDAG(tb *runTB) {
 	chain := e.cfg.ChainSteps
 	if chain <= 0 {
 		chain = 100
+	}
+	if most := spec.DefaultLimits.MaxSteps; steps > most || chain > most {
+		// The scheduler refuses the submission (too_large), so the job
+		// would never have a record to wait for.
+		tb.Fatalf("--dag-steps %d / --chain-steps %d: the scheduler (max_steps %d by default) refuses jobs of more steps", steps, chain, most)
 	}
 	bound := pick(e, 2*time.Minute, time.Minute)
 	e.sub("dag-fanout", func(tb *runTB) { e.dagFanout(tb, steps, bound) })
@@ -222,18 +228,20 @@ func (e *Env) dagCancel(tb *runTB, steps int, bound time.Duration) {
 		tb.Fatalf("submit: %v", err)
 	}
 	// Running: as many steps started as the agents take (8 × 64), or, once
-	// a tenth of them started, as many as started before the count stayed
-	// still for a second. One job holds at most max_job_share (default
-	// 0.5) of the slots, so 256 start: waiting for 512 cost every run the
-	// whole bound, two minutes.
+	// enough started, as many as started before the count stayed still for
+	// a second. One job holds at most max_job_share (default 0.5) of the
+	// slots, so 256 start: waiting for 512 cost every run the whole bound,
+	// two minutes. Enough is a tenth of the steps, at least one and at
+	// most a quarter of the slots, so that any --dag-steps gets there.
 	want := int64(min(steps, 8*64))
+	enough := max(1, min(int64(steps/10), 8*64/4))
 	t0 := time.Now()
 	last, still := started.Load(), time.Now()
 	for n := last; n < want; n = started.Load() {
 		if n != last {
 			last, still = n, time.Now()
 		}
-		if n >= int64(steps/10) && time.Since(still) > time.Second {
+		if n >= enough && time.Since(still) > time.Second {
 			break
 		}
 		if time.Since(t0) > 2*bound {

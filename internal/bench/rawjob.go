@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,9 +110,6 @@ func (e *Env) startRawJobs(tb *runTB, timed bool) *rawJobs {
 		kv := nats.NewMsg("$KV." + protocol.BucketJobs + "." + protocol.JobKey(id))
 		kv.Header.Set("Nats-Expected-Last-Subject-Sequence", strconv.FormatUint(rev, 10))
 		kv.Header.Set(protocol.HeaderRecordState, "succeeded")
-		if r.timed {
-			kv.Header.Set(protocol.HeaderJob, id) // for the tracker's time
-		}
 		kv.Data = record
 		p.then(sched, kv, func(*jetstream.PubAck) { _ = m.Ack() })
 	})
@@ -139,10 +137,11 @@ func (e *Env) startRawJobs(tb *runTB, timed bool) *rawJobs {
 	if err != nil {
 		tb.Fatalf("tracker: %v", err)
 	}
+	jobPrefix := "$KV." + protocol.BucketJobs + "." + protocol.JobKey("")
 	tc, err := oc.Consume(func(m jetstream.Msg) {
 		if m.Headers().Get(protocol.HeaderRecordState) == "succeeded" {
 			if r.timed {
-				r.settled.LoadOrStore(m.Headers().Get(protocol.HeaderJob), time.Now())
+				r.settled.LoadOrStore(strings.TrimPrefix(m.Subject(), jobPrefix), time.Now())
 			}
 			r.done.Add(1)
 		}
@@ -168,7 +167,7 @@ func keepRawAnchors(ctx context.Context, js jetstream.JetStream) {
 	if err != nil {
 		return
 	}
-	last := map[string]uint64{}
+	old := map[string][]uint64{} // anchors to delete, per stream
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -177,12 +176,16 @@ func keepRawAnchors(ctx context.Context, js jetstream.JetStream) {
 			if err != nil {
 				continue
 			}
-			if prev := last[name]; prev != 0 {
-				if s, err := js.Stream(ctx, name); err == nil {
-					_ = s.DeleteMsg(ctx, prev)
+			if s, err := js.Stream(ctx, name); err == nil {
+				left := old[name][:0]
+				for _, seq := range old[name] {
+					if err := streams.DeleteMsg(ctx, s, seq); err != nil {
+						left = append(left, seq)
+					}
 				}
+				old[name] = left
 			}
-			last[name] = ack.Sequence
+			old[name] = append(old[name], ack.Sequence)
 		}
 		select {
 		case <-ctx.Done():
@@ -194,7 +197,7 @@ func keepRawAnchors(ctx context.Context, js jetstream.JetStream) {
 
 // submit publishes job id's submission asynchronously.
 func (r *rawJobs) submit(tb *runTB, id string) {
-	if _, err := r.client.PublishMsgAsync(submission(id, r.spec), jetstream.WithStallWait(stallWait)); err != nil {
+	if _, err := publishAsync(r.client, submission(id, r.spec)); err != nil {
 		tb.Fatalf("submit: %v", err)
 	}
 }
@@ -261,6 +264,7 @@ func (e *Env) runRawJobsHalfLoad(tb *runTB) {
 	rate := e.halfRate
 	if rate <= 0 {
 		e.logf("raw-half-load: no half-load rate from the latency phase; skipped")
+		e.rep.Note("raw-half-load skipped: the latency phase offered no half-load rate")
 		return
 	}
 	r := e.startRawJobs(tb, true)
