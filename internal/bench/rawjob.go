@@ -279,18 +279,11 @@ func (e *Env) runRawJobsHalfLoad(tb *runTB) {
 	meter := newCPUMeter(map[string]int{"server": r.srv.PID(), "bench": os.Getpid()})
 	machine := newMachineMeter()
 	stopProfiles := e.startProfiles(tb, r.srv, "raw-halfload", dur)
-	start := time.Now()
-	tick := time.NewTicker(time.Millisecond)
-	for i := 0; i < total; {
-		<-tick.C
-		due := int(time.Since(start).Seconds() * rate)
-		for ; i < due && i < total; i++ {
-			id := "h" + strconv.Itoa(i)
-			sent[id] = time.Now()
-			r.submit(tb, id)
-		}
-	}
-	tick.Stop()
+	pace(rate, total, func(i int) {
+		id := "h" + strconv.Itoa(i)
+		sent[id] = time.Now()
+		r.submit(tb, id)
+	})
 	cores, busy := meter.Cores(), machine.Busy()
 	stopProfiles()
 	r.waitDone(tb, int64(n+total))

@@ -255,20 +255,13 @@ func (e *Env) runLatency(tb *runTB) {
 	sent := make(map[string]time.Time, total)
 	before := d.track.Count()
 	window := e.watch(tb, d, "halfload", dur)
-	start := time.Now()
-	tick := time.NewTicker(time.Millisecond)
-	for i := 0; i < total; {
-		<-tick.C
-		due := int(time.Since(start).Seconds() * rate)
-		for ; i < due && i < total; i++ {
-			id := fmt.Sprintf("half-%d", i)
-			sent[id] = time.Now()
-			if _, err := publishAsync(d.js, submission(id, spec)); err != nil {
-				tb.Fatalf("submit: %v", err)
-			}
+	pace(rate, total, func(i int) {
+		id := fmt.Sprintf("half-%d", i)
+		sent[id] = time.Now()
+		if _, err := publishAsync(d.js, submission(id, spec)); err != nil {
+			tb.Fatalf("submit: %v", err)
 		}
-	}
-	tick.Stop()
+	})
 	cores, busy := window()
 	if !d.track.waitCount(before+total, 2*time.Minute) {
 		tb.Fatalf("half load: only %d of %d jobs finished", d.track.Count()-before, total)
@@ -293,4 +286,21 @@ func (e *Env) runLatency(tb *runTB) {
 	e.rep.Set("latency_half_load_offered_per_s", round(rate))
 	e.rep.Add(Figure{Section: sec, Key: "latency_half_load_machine_busy", Label: "machine CPU busy at half load", Value: busy, Unit: "fraction"})
 	e.logf("latency: half load (%.0f/s) dispatch p99 %.2f ms, complete p99 %.2f ms", rate, ms(percentile(disp, 99)), ms(percentile(comp, 99)))
+}
+
+// pace calls send(i) for i = 0..total-1 at rate a second: on a 1 ms
+// ticker, each tick sending every call due by then. The half-load phase
+// paces Warden and the job-shaped pipeline with it, so both see the same
+// arrivals.
+func pace(rate float64, total int, send func(i int)) {
+	start := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for i := 0; i < total; {
+		<-tick.C
+		due := int(time.Since(start).Seconds() * rate)
+		for ; i < due && i < total; i++ {
+			send(i)
+		}
+	}
 }
