@@ -37,7 +37,8 @@ func profileOf(name string, p *procs.Proc) remoteProfile {
 // process, and every other process given, for d, when Config.ProfileDir is
 // set, writing <dir>/<name>-nats-server.pprof, <dir>/<name>-bench.pprof and
 // <dir>/<name>-<other>.pprof. stop ends this process's profile and waits
-// for the others. Without a profile directory, or with an embedded server
+// for the others; tb's cleanup calls it too, so a window that fails still
+// stops its profile. Without a profile directory, or with an embedded server
 // (then this process's profile includes the server), only what can be
 // taken is.
 func (e *Env) startProfiles(tb *runTB, srv *natsServer, name string, d time.Duration, others ...remoteProfile) (stop func()) {
@@ -71,12 +72,20 @@ func (e *Env) startProfiles(tb *runTB, srv *natsServer, name string, d time.Dura
 		_ = os.Remove(p)
 		return remote.Wait
 	}
-	return func() {
-		pprof.StopCPUProfile()
-		_ = f.Close()
-		e.logf("wrote %s", p)
-		remote.Wait()
+	// Stopped once, by the caller at the window's end or, if a Fatalf
+	// ends the window first, by tb's cleanup: a profile left running would
+	// keep every later window of the run from taking its own.
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+			e.logf("wrote %s", p)
+			remote.Wait()
+		})
 	}
+	tb.Cleanup(stop)
+	return stop
 }
 
 // fetchProfile writes a CPU profile of d taken from the pprof server at
