@@ -185,7 +185,7 @@ func Roles(taskShards int) []Role {
 	}
 	// Failover re-dispatches moved tasks to other agents.
 	sup = append(sup, protocol.SubjectTaskPrefix+".>")
-	// Anchors (internal/supervisor/anchor.go): store one on each work-queue
+	// Anchors (internal/anchor, a leader duty): store one on each work-queue
 	// stream's own subject, find (by subject) and delete the ones before.
 	// The task streams' gets and deletes are granted above; the submit and
 	// results streams get the same (DIRECT.GET too: a stream with

@@ -59,7 +59,7 @@ type Config struct {
 	DrainTimeout protocol.Duration `yaml:"drain_timeout"`
 	// AnchorInterval is how often the leader moves each work-queue stream's
 	// anchor to the stream's newest message, if anything was stored since
-	// (see anchors). Negative turns anchors off. Defaults to 1s.
+	// (internal/anchor). Negative turns anchors off. Defaults to 1s.
 	AnchorInterval protocol.Duration `yaml:"anchor_interval"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to "".
 	MetricsAddr string `yaml:"metrics_addr"`

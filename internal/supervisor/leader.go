@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/anchor"
 	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/ops"
@@ -33,7 +34,7 @@ type leader struct {
 	healer   *healer
 	failover *failover
 	transfer *transfers
-	anchors  *anchors // nil when anchor_interval is negative
+	anchors  *anchor.Keeper // nil when anchor_interval is negative
 	log      zerolog.Logger
 	departed chan presence.Change
 	beats    chan protocol.Presence
@@ -91,7 +92,7 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 		if err != nil {
 			return nil, err
 		}
-		l.anchors = newAnchors(s.js, names, every, log.With().Str("duty", "anchors").Logger())
+		l.anchors = anchor.New(s.js, names, every, log.With().Str("duty", "anchors").Logger())
 	}
 	view.OnChange(l.route)
 	return l, nil
@@ -146,7 +147,7 @@ func (s *Supervisor) leadTerm(ctx context.Context, lease leaseHolder, epoch uint
 	g.run(ctx, "transfers", l.transfer.run)
 	g.run(ctx, "health", func(ctx context.Context) error { return l.healer.run(ctx, l.beats, l.gone) })
 	if l.anchors != nil {
-		g.run(ctx, "anchors", l.anchors.run)
+		g.run(ctx, "anchors", l.anchors.Run)
 	}
 	ctrl, err := s.nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) { l.manualFailover(ctx, m) })
 	if err != nil {

@@ -1,4 +1,9 @@
-package supervisor
+// Package anchor keeps one unconsumed message, the anchor, as the newest
+// message of each of Warden's work-queue streams (docs/protocol.md,
+// "Anchors"). The supervisor leader runs a Keeper as one of its duties; the
+// bench's job-shaped pipeline runs one too, so that it carries Warden's
+// protocol as it is.
+package anchor
 
 import (
 	"context"
@@ -14,10 +19,10 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-// anchorBody says what an anchor is to whoever reads it with `nats stream view`.
-var anchorBody = []byte("Warden anchor: keeps this work-queue stream's last file block from emptying on every ack; no consumer takes it (docs/protocol.md, \"Anchors\").")
+// Body says what an anchor is to whoever reads it with `nats stream view`.
+var Body = []byte("Warden anchor: keeps this work-queue stream's last file block from emptying on every ack; no consumer takes it (docs/protocol.md, \"Anchors\").")
 
-// anchors keeps one message, the anchor, on each work-queue stream's
+// Keeper keeps one message, the anchor, on each work-queue stream's
 // protocol.AnchorSubject, and keeps it in the stream's last file block.
 //
 // Why: nats-server (2.10-2.15 at least) replaces a file stream's last block
@@ -34,37 +39,42 @@ var anchorBody = []byte("Warden anchor: keeps this work-queue stream's last file
 // then delete every anchor before it, found by subject from where the last
 // such sweep ended: so the anchor follows the last block as blocks fill and
 // rotate, and only messages on the anchor subject are ever deleted. An idle
-// stream costs one STREAM.INFO per interval and no write. A term starts its
-// sweeps at sequence 1, which removes what earlier terms left; while two
+// stream costs one STREAM.INFO per interval and no write. A new keeper (the
+// supervisor makes one per term of leadership) starts its sweeps at
+// sequence 1, which removes what earlier keepers left; while two
 // supervisors both think they lead, each sweeps the other's away and stores
 // its own. A sweep that fails, or an anchor stored whose PubAck was lost,
 // is picked up by the next sweep, which starts no later.
-type anchors struct {
+type Keeper struct {
 	js      jetstream.JetStream
 	streams []string
 	every   time.Duration
 	log     zerolog.Logger
-	state   map[string]*anchorState
+	state   map[string]*state
 }
 
-// anchorState is what this term knows of one stream's anchors.
-type anchorState struct {
+// state is what this keeper knows of one stream's anchors.
+type state struct {
 	created time.Time // the stream's creation: another means it was made again
-	last    uint64    // the anchor this term stored last; 0: none yet
+	last    uint64    // the anchor this keeper stored last; 0: none yet
 	from    uint64    // no anchor before it but last's: where the next sweep starts
 }
 
-func newAnchors(js jetstream.JetStream, names []string, every time.Duration, log zerolog.Logger) *anchors {
-	return &anchors{js: js, streams: names, every: every, log: log, state: make(map[string]*anchorState, len(names))}
+// New returns a keeper of the anchors of the streams names (streams.Anchored),
+// moving them every interval.
+func New(js jetstream.JetStream, names []string, every time.Duration, log zerolog.Logger) *Keeper {
+	return &Keeper{js: js, streams: names, every: every, log: log, state: make(map[string]*state, len(names))}
 }
 
-func (a *anchors) run(ctx context.Context) error {
+// Run keeps the anchors every interval until ctx ends; a stream whose anchor
+// cannot be kept is logged once per streak of failures and tried again.
+func (a *Keeper) Run(ctx context.Context) error {
 	t := time.NewTicker(a.every)
 	defer t.Stop()
 	failing := map[string]bool{}
 	for {
 		for _, name := range a.streams {
-			err := a.keep(ctx, name)
+			err := a.Keep(ctx, name)
 			switch {
 			case ctx.Err() != nil:
 				return nil
@@ -86,9 +96,9 @@ func (a *anchors) run(ctx context.Context) error {
 	}
 }
 
-// keep makes the anchor of stream name its newest message unless nothing
-// was stored since the anchor this term wrote, and deletes older anchors.
-func (a *anchors) keep(ctx context.Context, name string) error {
+// Keep makes the anchor of stream name its newest message unless nothing
+// was stored since the anchor this keeper wrote, and deletes older anchors.
+func (a *Keeper) Keep(ctx context.Context, name string) error {
 	s, err := a.js.Stream(ctx, name)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
@@ -96,14 +106,14 @@ func (a *anchors) keep(ctx context.Context, name string) error {
 	info := s.CachedInfo()
 	st := a.state[name]
 	if st == nil || !info.Created.Equal(st.created) || info.State.LastSeq < st.last {
-		// First look in this term, or the stream was made again (deleted
+		// First look by this keeper, or the stream was made again (deleted
 		// and created, restored): sweep it from the start.
-		st = &anchorState{created: info.Created, from: 1}
+		st = &state{created: info.Created, from: 1}
 		a.state[name] = st
 	}
 	subject := protocol.AnchorSubject(name)
 	if st.last == 0 || info.State.LastSeq != st.last {
-		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: anchorBody}, jetstream.WithExpectStream(name))
+		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: Body}, jetstream.WithExpectStream(name))
 		if err != nil {
 			return fmt.Errorf("store anchor of %s: %w", name, err)
 		}
@@ -117,7 +127,7 @@ func (a *anchors) keep(ctx context.Context, name string) error {
 // its per-subject index): usually one, the anchor before. A purge of the
 // subject would do it in one request, but the permission to purge is the
 // permission to empty the whole stream.
-func (a *anchors) sweep(ctx context.Context, s jetstream.Stream, subject string, st *anchorState) error {
+func (a *Keeper) sweep(ctx context.Context, s jetstream.Stream, subject string, st *state) error {
 	for st.from < st.last {
 		m, err := s.GetMsg(ctx, st.from, jetstream.WithGetMsgSubject(subject))
 		switch {
