@@ -12,7 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/anchor"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -150,49 +152,23 @@ func (e *Env) startRawJobs(tb *runTB, timed bool) *rawJobs {
 		tb.Fatalf("tracker: %v", err)
 	}
 	tb.Cleanup(tc.Stop)
-	actx, stopAnchors := context.WithCancel(ctx)
-	anchored := make(chan struct{})
-	go func() { defer close(anchored); keepRawAnchors(actx, admin) }()
-	tb.Cleanup(func() { stopAnchors(); <-anchored })
-	return r
-}
-
-// keepRawAnchors does what the supervisor leader's anchors do (package
-// supervisor, anchor.go), once a second: a new anchor on each work-queue
-// stream, the previous one deleted, so an ack never empties a stream's last
-// block. Without it the paced run pays the block re-creation Warden no
-// longer pays, and reads the broker slower than Warden's protocol is.
-func keepRawAnchors(ctx context.Context, js jetstream.JetStream) {
+	// Anchors are part of Warden's protocol: the supervisor keeps them. A
+	// paced run without them would pay the block re-creation on nearly
+	// every ack that Warden no longer pays.
 	names, err := streams.Anchored(streams.Options{})
 	if err != nil {
-		return
+		tb.Fatalf("anchored streams: %v", err)
 	}
-	old := map[string][]uint64{} // anchors to delete, per stream
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		for _, name := range names {
-			ack, err := js.Publish(ctx, protocol.AnchorSubject(name), nil)
-			if err != nil {
-				continue
-			}
-			if s, err := js.Stream(ctx, name); err == nil {
-				left := old[name][:0]
-				for _, seq := range old[name] {
-					if err := streams.DeleteMsg(ctx, s, seq); err != nil {
-						left = append(left, seq)
-					}
-				}
-				old[name] = left
-			}
-			old[name] = append(old[name], ack.Sequence)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	actx, stopAnchors := context.WithCancel(ctx)
+	anchored := make(chan struct{})
+	go func() { defer close(anchored); _ = anchor.New(admin, names, time.Second, zerolog.Nop()).Run(actx) }()
+	tb.Cleanup(func() { stopAnchors(); <-anchored })
+	// Warm up: connections, consumers and the first blocks.
+	for i := range 500 {
+		r.submit(tb, "warm-"+strconv.Itoa(i))
 	}
+	r.waitDone(tb, 500)
+	return r
 }
 
 // submit publishes job id's submission asynchronously.
@@ -218,32 +194,24 @@ func (r *rawJobs) waitDone(tb *runTB, n int64) {
 func (e *Env) runRawJobs(tb *runTB) {
 	const sec = "raw JetStream"
 	r := e.startRawJobs(tb, false)
-	// Warm up, then keep 2,000 in flight for the window, as runThroughput.
-	n := 0
-	for ; n < 500; n++ {
-		r.submit(tb, "r"+strconv.Itoa(n))
-	}
-	r.waitDone(tb, int64(n))
+	// Keep 2,000 in flight for the window, as runThroughput.
 	inFlight := int64(pick(e, 2000, 1000))
 	dur := pick(e, 8*time.Second, 4*time.Second)
 	base := r.done.Load()
 	sent := int64(0)
-	meter := newCPUMeter(map[string]int{"server": r.srv.PID(), "bench": os.Getpid()})
-	stopProfiles := e.startProfiles(tb, r.srv, "raw-jobs", dur)
+	window := e.measure(tb, r.srv, "raw-jobs", dur, map[string]int{"bench": os.Getpid()})
 	start := time.Now()
 	for time.Since(start) < dur {
 		for sent-(r.done.Load()-base) < inFlight {
-			r.submit(tb, "r"+strconv.Itoa(n))
-			n++
+			r.submit(tb, "r"+strconv.Itoa(int(sent)))
 			sent++
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
 	el := time.Since(start)
 	finished := r.done.Load() - base
-	cores := meter.Cores()
-	stopProfiles()
-	r.waitDone(tb, int64(n))
+	cores, _ := window()
+	r.waitDone(tb, base+sent)
 	rate := float64(finished) / el.Seconds()
 	e.rep.Add(Figure{Section: sec, Key: "raw_job_pipeline_per_s", Label: "job-shaped pipeline (Warden's messages, no Warden)", Value: rate, Unit: "jobs/s",
 		Note: fmt.Sprintf("%d in flight for %s; per job: submit, record create, task, result, record update, on Warden's streams; nats-server %.2f cores, clients %.2f", inFlight, dur, cores["server"], cores["bench"])})
@@ -268,25 +236,18 @@ func (e *Env) runRawJobsHalfLoad(tb *runTB) {
 		return
 	}
 	r := e.startRawJobs(tb, true)
-	n := 0
-	for ; n < 500; n++ {
-		r.submit(tb, "w"+strconv.Itoa(n))
-	}
-	r.waitDone(tb, int64(n))
 	dur := pick(e, 8*time.Second, 3*time.Second)
 	total := int(rate * dur.Seconds())
 	sent := make(map[string]time.Time, total)
-	meter := newCPUMeter(map[string]int{"server": r.srv.PID(), "bench": os.Getpid()})
-	machine := newMachineMeter()
-	stopProfiles := e.startProfiles(tb, r.srv, "raw-halfload", dur)
+	base := r.done.Load()
+	window := e.measure(tb, r.srv, "raw-halfload", dur, map[string]int{"bench": os.Getpid()})
 	pace(rate, total, func(i int) {
 		id := "h" + strconv.Itoa(i)
 		sent[id] = time.Now()
 		r.submit(tb, id)
 	})
-	cores, busy := meter.Cores(), machine.Busy()
-	stopProfiles()
-	r.waitDone(tb, int64(n+total))
+	cores, busy := window()
+	r.waitDone(tb, base+int64(total))
 	var disp, comp []time.Duration
 	for id, t0 := range sent {
 		d, ok1 := r.dispatched.Load(id)

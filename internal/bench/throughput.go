@@ -49,14 +49,21 @@ func (e *Env) deploy(tb *runTB, agents, maxConcurrent int, onTask func(string, t
 	return d
 }
 
-// watch starts measuring a window of a deployment's work: the CPU of
-// nats-server, the scheduler and this process from /proc, the machine's
-// busy share, and (with --profile-dir) their profiles, named name. The
-// returned func ends the window and gives cores per process and busy.
+// watch starts measuring a window of a deployment's work: nats-server, the
+// scheduler and this process (measure).
 func (e *Env) watch(tb *runTB, d *deployment, name string, dur time.Duration) func() (map[string]float64, float64) {
-	meter := newCPUMeter(map[string]int{"server": d.srv.PID(), "scheduler": d.sched.PID(), "bench": os.Getpid()})
+	return e.measure(tb, d.srv, name, dur, map[string]int{"scheduler": d.sched.PID(), "bench": os.Getpid()}, profileOf("scheduler", d.sched))
+}
+
+// measure starts measuring a window: the CPU of srv ("server") and of the
+// processes pids names from /proc, the machine's busy share, and (with
+// --profile-dir) the profiles of srv, this process and others, named name.
+// The returned func ends the window and gives cores per process and busy.
+func (e *Env) measure(tb *runTB, srv *natsServer, name string, dur time.Duration, pids map[string]int, others ...remoteProfile) func() (map[string]float64, float64) {
+	pids["server"] = srv.PID()
+	meter := newCPUMeter(pids)
 	machine := newMachineMeter()
-	stopProfiles := e.startProfiles(tb, d.srv, name, dur, profileOf("scheduler", d.sched))
+	stopProfiles := e.startProfiles(tb, srv, name, dur, others...)
 	return func() (map[string]float64, float64) {
 		cores, busy := meter.Cores(), machine.Busy()
 		stopProfiles()
