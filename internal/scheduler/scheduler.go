@@ -247,8 +247,9 @@ func (s *Scheduler) route(in input) {
 // wakeAll retries the steps waiting for an agent or a slot, at most once
 // per wakeEvery per worker.
 func (s *Scheduler) wakeAll() {
+	now := time.Now().UnixNano()
 	for _, w := range s.workers {
-		w.wake()
+		w.wake(now)
 	}
 }
 

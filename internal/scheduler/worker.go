@@ -121,9 +121,10 @@ const wakeBudget = 16
 // wakeEvery bounds how often presence changes wake a worker's waiting jobs.
 const wakeEvery = 50 * time.Millisecond
 
-// wake asks the worker to retry its waiting jobs (from any goroutine).
-func (w *worker) wake() {
-	now := time.Now().UnixNano()
+// wake asks the worker to retry its waiting jobs (from any goroutine);
+// now is time.Now().UnixNano(), read once by the caller for every worker
+// (a freed slot wakes them all).
+func (w *worker) wake(now int64) {
 	last := w.lastWake.Load()
 	if now-last < int64(wakeEvery) || !w.lastWake.CompareAndSwap(last, now) {
 		return
