@@ -112,7 +112,7 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	idle := pick(e, 6*time.Second, 3*time.Second)
 	seq0 := streamSeqs(tb, js)["KV_"+protocol.BucketPresence]
 	meter := newCPUMeter(pids)
-	stopIdle := e.startProfiles(tb, srv, k("scale-%d-idle"), idle, profileOf("scheduler", sched))
+	stopIdle := e.startProfiles(tb, srv, k("scale-%d-idle"), idle, profileOf("scheduler", sched), profileOf("supervisor", sup))
 	time.Sleep(idle)
 	cores := meter.Cores()
 	stopIdle()
@@ -135,7 +135,7 @@ func (e *Env) scaleOnce(tb *runTB, n int) {
 	dur := pick(e, 10*time.Second, 5*time.Second)
 	const window = 500
 	meter = newCPUMeter(pids)
-	stopProfiles := e.startProfiles(tb, srv, k("scale-%d"), dur, profileOf("scheduler", sched))
+	stopProfiles := e.startProfiles(tb, srv, k("scale-%d"), dur, profileOf("scheduler", sched), profileOf("supervisor", sup))
 	start := time.Now()
 	submitted := 0
 	for time.Since(start) < dur {

@@ -101,7 +101,11 @@ func (e *Env) schedulerProc(tb *runTB, url string, shards int) *procs.Proc {
 // supervisorProc starts the supervisor binary with its defaults (lease TTL
 // 5s, failure threshold 1s) and waits until it campaigns.
 func (e *Env) supervisorProc(tb *runTB, url, id string, shards int) *procs.Proc {
-	cfg := e.writeConfig("supervisor", fmt.Sprintf("task_shards: %d\nmetrics_addr: \"\"\n", shards))
+	body := fmt.Sprintf("task_shards: %d\nmetrics_addr: \"\"\n", shards)
+	if e.cfg.ProfileDir != "" {
+		body += "pprof_addr: 127.0.0.1:0\n"
+	}
+	cfg := e.writeConfig("supervisor", body)
 	p := procs.Start(tb, id, e.bins["supervisor"], "--server", url, "--config", cfg, "--id", id)
 	p.WaitOutput(tb, "supervisor campaigning", 60*time.Second)
 	return p
