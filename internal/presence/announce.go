@@ -88,7 +88,7 @@ type Announcer struct {
 	mu  sync.Mutex // serialises writes to the key and guards rev
 	rev uint64     // revision of our last successful write
 
-	usage    Usage    // samples Utilisation between heartbeats
+	usage    *Usage   // processUsage; a test's own elsewhere
 	lastUtil *float64 // the utilisation reported last; guarded by mu
 
 	cancel context.CancelFunc
@@ -114,7 +114,7 @@ func NewAnnouncer(kv jetstream.KeyValue, cfg AnnouncerConfig) (*Announcer, error
 	case !protocol.ValidToken(cfg.ID):
 		return nil, fmt.Errorf("presence: id %q is not a valid token", cfg.ID)
 	}
-	return &Announcer{kv: kv, cfg: cfg, key: protocol.PresenceKey(cfg.Pool, cfg.ID), done: make(chan struct{})}, nil
+	return &Announcer{kv: kv, cfg: cfg, key: protocol.PresenceKey(cfg.Pool, cfg.ID), usage: &processUsage, done: make(chan struct{})}, nil
 }
 
 // Key is the presence key this Announcer owns.
