@@ -203,14 +203,18 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 
 // decode returns the record val holds: the agent's previous one with the
 // new heartbeat_at when nothing else changed (a liveness refresh: it was
-// decoded and validated when it last changed), else val decoded and
-// validated. Only the watch goroutine calls it, and only it writes agents.
+// decoded and validated when it last changed), or with the new counters
+// and load when only those changed too (patchDynamic), else val decoded
+// and validated. Only the watch goroutine calls it, and only it writes agents.
 func (v *View) decode(key string, val []byte) (p protocol.Presence, beat bool, err error) {
 	if old, ok := v.raw[key]; ok {
 		if at, same := onlyHeartbeatChanged(old, val); same {
 			p = v.agents[key]
 			p.HeartbeatAt = at
 			return p, true, nil
+		}
+		if p, ok := patchDynamic(old, val, v.agents[key]); ok {
+			return p, false, nil
 		}
 	}
 	if err := json.Unmarshal(val, &p); err != nil {

@@ -1,0 +1,360 @@
+package presence
+
+// A busy agent's heartbeats differ from one to the next in its counters
+// and load (in_flight, succeeded, failed, queue_depth, utilisation,
+// health) as well as heartbeat_at. Decoding each such record in full was a
+// quarter of the supervisor's CPU and an eighth of the scheduler's at
+// 5,000 loaded agents (docs/performance.md, session 11). patchDynamic
+// reads only those members when everything else is byte for byte the
+// record decoded last; anything it is not sure of is decoded in full.
+
+import (
+	"bytes"
+	"strconv"
+	"time"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// dynamicMember is a Presence member that changes between heartbeats of an
+// otherwise stable agent: its key as encoding/json writes it (quoted, with
+// the colon, no spaces), whether encoding/json may leave it out
+// (omitempty), and how to set it from its value (false: not a value
+// encoding/json would decode to the same thing).
+type dynamicMember struct {
+	key      []byte
+	optional bool
+	set      func(p *protocol.Presence, v []byte) bool
+}
+
+var dynamicMembers = []dynamicMember{
+	{[]byte(`"in_flight":`), false, func(p *protocol.Presence, v []byte) bool {
+		n, ok := jsonInt(v)
+		p.InFlight = n
+		return ok
+	}},
+	{[]byte(`"succeeded":`), false, func(p *protocol.Presence, v []byte) bool {
+		n, ok := jsonUint(v)
+		p.Succeeded = n
+		return ok
+	}},
+	{[]byte(`"failed":`), false, func(p *protocol.Presence, v []byte) bool {
+		n, ok := jsonUint(v)
+		p.Failed = n
+		return ok
+	}},
+	{[]byte(`"heartbeat_at":`), false, func(p *protocol.Presence, v []byte) bool {
+		if len(v) < 2 || v[0] != '"' || bytes.IndexByte(v[1:len(v)-1], '\\') >= 0 {
+			return false
+		}
+		var at time.Time
+		if at.UnmarshalJSON(v) != nil {
+			return false
+		}
+		p.HeartbeatAt = at
+		return true
+	}},
+	{[]byte(`"queue_depth":`), true, func(p *protocol.Presence, v []byte) bool {
+		n, ok := jsonInt(v)
+		p.QueueDepth = n
+		return ok
+	}},
+	{[]byte(`"utilisation":`), true, func(p *protocol.Presence, v []byte) bool {
+		f, ok := jsonFloat(v)
+		p.Utilisation = &f
+		return ok
+	}},
+	{[]byte(`"health":`), true, func(p *protocol.Presence, v []byte) bool {
+		f, ok := jsonFloat(v)
+		p.Health = &f
+		return ok
+	}},
+}
+
+// numDynamic is len(dynamicMembers), for arrays on the stack.
+const numDynamic = 7
+
+// patchDynamic returns the record b holds, given the previous record a of
+// the same key and its decoded form prev, when the two differ only in
+// dynamic members written as encoding/json writes them: prev with the
+// dynamic members read from b (an optional member absent from b is zero).
+// ok is false when that is not certain, and the caller decodes b in full:
+// a dynamic key written differently, nested or more than once, a value
+// that is not a plain JSON number (or, for heartbeat_at, a plain string),
+// or any difference elsewhere. The rest is not validated again: it is the
+// bytes that were validated when prev was decoded.
+func patchDynamic(a, b []byte, prev protocol.Presence) (protocol.Presence, bool) {
+	var sa, sb [numDynamic]span
+	if !findDynamic(a, &sa) || !findDynamic(b, &sb) {
+		return protocol.Presence{}, false
+	}
+	var bufA, bufB [1024]byte
+	if !bytes.Equal(outside(bufA[:0], a, &sa), outside(bufB[:0], b, &sb)) {
+		return protocol.Presence{}, false
+	}
+	p := prev
+	p.QueueDepth, p.Utilisation, p.Health = 0, nil, nil
+	for i, m := range dynamicMembers {
+		s := sb[i]
+		if s.start < 0 {
+			continue
+		}
+		if !m.set(&p, b[s.value:s.end]) {
+			return protocol.Presence{}, false
+		}
+	}
+	return p, true
+}
+
+// span is one dynamic member in a record: start is where its key begins
+// (-1: absent), value where its value begins, end where it ends.
+type span struct{ start, value, end int }
+
+// findDynamic walks the members of object b once and locates each dynamic
+// one (in the order of dynamicMembers). It is false when a required member
+// is missing, a dynamic key occurs twice, or b is not written as
+// encoding/json writes (no whitespace between tokens). A top-level key
+// with an escape or a byte outside ASCII is refused, and so is one that
+// equals a dynamic key but for case: encoding/json unescapes keys and
+// matches them case-insensitively (also under Unicode folding, e.g.
+// "ſucceeded"), so such a key would be decoded into a counter too.
+func findDynamic(b []byte, out *[numDynamic]span) bool {
+	if len(b) < 2 || b[0] != '{' || b[len(b)-1] != '}' {
+		return false
+	}
+	for d := range out {
+		out[d].start = -1
+	}
+	for i := 1; ; {
+		if i >= len(b) || b[i] != '"' {
+			return false
+		}
+		j := i + 1
+		for j < len(b) && b[j] != '"' {
+			if b[j] == '\\' || b[j] >= 0x80 {
+				return false
+			}
+			j++
+		}
+		if j+1 >= len(b) || b[j+1] != ':' {
+			return false
+		}
+		key, v := b[i+1:j], j+2
+		end := skipValue(b, v)
+		if end < 0 || end >= len(b) {
+			return false
+		}
+		if d := dynamicIndex(key); d >= 0 {
+			if out[d].start >= 0 {
+				return false
+			}
+			out[d] = span{start: i, value: v, end: end}
+		} else if foldsToDynamic(key) {
+			return false
+		}
+		if b[end] == '}' {
+			if end != len(b)-1 {
+				return false
+			}
+			break
+		}
+		if b[end] != ',' {
+			return false
+		}
+		i = end + 1
+	}
+	for d, m := range dynamicMembers {
+		if out[d].start < 0 && !m.optional {
+			return false
+		}
+	}
+	return true
+}
+
+// dynamicIndex is the index in dynamicMembers of the member named key
+// exactly, or -1.
+func dynamicIndex(key []byte) int {
+	switch string(key) {
+	case "in_flight":
+		return 0
+	case "succeeded":
+		return 1
+	case "failed":
+		return 2
+	case "heartbeat_at":
+		return 3
+	case "queue_depth":
+		return 4
+	case "utilisation":
+		return 5
+	case "health":
+		return 6
+	}
+	return -1
+}
+
+// foldsToDynamic reports whether key is a dynamic member's name in other
+// letter cases.
+func foldsToDynamic(key []byte) bool {
+	for _, m := range dynamicMembers {
+		name := m.key[1 : len(m.key)-2] // without the quotes and the colon
+		if len(key) == len(name) && bytes.EqualFold(key, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// skipValue is where the JSON value at b[i:] ends, or -1 when b[i:] does
+// not start one this walk can skip: a string (escapes skipped), an object
+// or array (to its matching close, strings inside skipped), or a number or
+// literal (to the next ',', '}' or ']').
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = skipString(b, j)
+				if j < 0 {
+					return -1
+				}
+				j-- // the loop's j++ moves past the string
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' {
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// skipString is the index after the string that opens at b[i], or -1.
+func skipString(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// outside appends to dst record b without its dynamic members, each taken
+// out with the comma that joins it to the next member, or, for the last
+// member, the comma before it.
+func outside(dst, b []byte, s *[numDynamic]span) []byte {
+	var cut [numDynamic][2]int
+	n := 0
+	for _, x := range s {
+		if x.start < 0 {
+			continue
+		}
+		cut[n] = [2]int{x.start, x.end}
+		n++
+	}
+	for i := 1; i < n; i++ { // by position; a handful of cuts
+		for j := i; j > 0 && cut[j][0] < cut[j-1][0]; j-- {
+			cut[j], cut[j-1] = cut[j-1], cut[j]
+		}
+	}
+	at := 0
+	for _, c := range cut[:n] {
+		dst = append(dst, b[at:c[0]]...)
+		at = c[1]
+		if b[at] == ',' {
+			at++
+		}
+	}
+	dst = append(dst, b[at:]...)
+	// A trailing comma left by a last member taken out: "…,}" → "…}".
+	if len(dst) >= 2 && dst[len(dst)-2] == ',' {
+		dst = append(dst[:len(dst)-2], '}')
+	}
+	return dst
+}
+
+// jsonNumber reports whether v is a JSON number (RFC 8259): strconv also
+// takes "+1", "01", ".5" and "1.", which encoding/json refuses.
+func jsonNumber(v []byte) bool {
+	i := 0
+	if i < len(v) && v[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(v) && v[i] == '0':
+		i++
+	case i < len(v) && v[i] >= '1' && v[i] <= '9':
+		for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+			i++
+		}
+	default:
+		return false
+	}
+	if i < len(v) && v[i] == '.' {
+		i++
+		if i >= len(v) || v[i] < '0' || v[i] > '9' {
+			return false
+		}
+		for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(v) && (v[i] == 'e' || v[i] == 'E') {
+		i++
+		if i < len(v) && (v[i] == '+' || v[i] == '-') {
+			i++
+		}
+		if i >= len(v) || v[i] < '0' || v[i] > '9' {
+			return false
+		}
+		for i < len(v) && v[i] >= '0' && v[i] <= '9' {
+			i++
+		}
+	}
+	return i == len(v)
+}
+
+func jsonInt(v []byte) (int, bool) {
+	if !jsonNumber(v) {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(v), 10, strconv.IntSize)
+	return int(n), err == nil
+}
+
+func jsonUint(v []byte) (uint64, bool) {
+	if !jsonNumber(v) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(v), 10, 64)
+	return n, err == nil
+}
+
+func jsonFloat(v []byte) (float64, bool) {
+	if !jsonNumber(v) {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	return f, err == nil
+}
