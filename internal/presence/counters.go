@@ -208,7 +208,7 @@ func foldsToDynamic(key []byte) bool {
 // skipValue is where the JSON value at b[i:] ends, or -1 when b[i:] does
 // not start one this walk can skip: a string (escapes skipped), an object
 // or array (to its matching close, strings inside skipped), or a number or
-// literal (to the next ',', '}' or ']').
+// literal (its bytes, up to a ',', '}' or ']').
 func skipValue(b []byte, i int) int {
 	if i >= len(b) {
 		return -1
@@ -237,14 +237,24 @@ func skipValue(b []byte, i int) int {
 		}
 		return -1
 	}
+	// A number or literal: its own bytes up to the member's end. Anything
+	// else, whitespace above all, is refused: taken for part of a literal,
+	// a string written after a space ("k": "a,b") would end the walk at
+	// its comma, and the members after it would be read out of step.
 	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' {
+	for j < len(b) && literalByte(b[j]) {
 		j++
 	}
-	if j == i {
+	if j == i || j >= len(b) || (b[j] != ',' && b[j] != '}' && b[j] != ']') {
 		return -1
 	}
 	return j
+}
+
+// literalByte reports whether c may be part of a JSON number or of true,
+// false and null.
+func literalByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '+' || c == '.'
 }
 
 // skipString is the index after the string that opens at b[i], or -1.

@@ -1,7 +1,9 @@
 package presence
 
 import (
+	"bytes"
 	"encoding/json"
+	"math/rand"
 	"reflect"
 	"strings"
 	"testing"
@@ -173,4 +175,194 @@ func FuzzPatchDynamicRecords(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestViewDecodeAgreesWithFullDecode feeds the View pairs of records a
+// review found or that stress its shortcuts, and holds what it keeps to a
+// full decode (and validation) of the second record.
+func TestViewDecodeAgreesWithFullDecode(t *testing.T) {
+	t.Parallel()
+	const key = "default.a1"
+	id := `{"id":"a1","pool":"default","task_stream":"WARDEN_TASKS_0","task_subject":"warden.task.0.default.a1",`
+	counters := `"in_flight":1,"succeeded":2,"failed":3,`
+	for name, c := range map[string][2]string{
+		// A string after a space, read as a literal, ended the walk at its
+		// comma and read the members after it out of step.
+		"not JSON after a spaced string": {
+			id + `"host": "x,",":0":0,"in_flight":1,"succeeded":2,"failed":3,"heartbeat_at":"2026-11-27T09:00:00Z"}`,
+			id + `"host": "x,"in_flight":5,",":0":0,"succeeded":2,"failed":3,"heartbeat_at":"2026-11-27T09:00:00Z"}`},
+		"counters nested in an unknown member": {
+			id + `"x": {"a":0,"in_flight":1,"succeeded":2,"failed":3,"heartbeat_at":"2026-11-27T09:00:00Z","p": "q,"},":0":0}`,
+			id + `"x": {"a":0,"in_flight":7,"succeeded":8,"failed":9,"heartbeat_at":"2026-11-27T09:00:01Z","p": "q,"},":0":0}`},
+		"health moved out of an unknown member": {
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z","x": {"a":0,"health":1,"p": "q,"},":0":0}`,
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z","x": {"a":0,"p": "q,"},":0":0,"health":0.5}`},
+		"heartbeat_at moved out of the labels": {
+			id + counters + `"labels": {"z":"1","heartbeat_at":"2026-11-27T09:00:00Z","p": "q,"},":0":0}`,
+			id + counters + `"labels": {"z":"1","p": "q,"},":0":0,"heartbeat_at":"2026-11-27T09:00:01Z"}`},
+		// encoding/json lets the later of two case-folded keys win.
+		"heartbeat_at twice, in two cases": {
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z","HEARTBEAT_AT":"2020-01-01T00:00:00Z"}`,
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:05Z","HEARTBEAT_AT":"2020-01-01T00:00:00Z"}`},
+		"heartbeat_at twice, once escaped": {
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z","heartbeat\u005fat":"2020-01-01T00:00:00Z"}`,
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:05Z","heartbeat\u005fat":"2020-01-01T00:00:00Z"}`},
+		"an ordinary beat": {
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z"}`,
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:01Z"}`},
+		"ordinary counters": {
+			id + counters + `"heartbeat_at":"2026-11-27T09:00:00Z"}`,
+			id + `"in_flight":0,"succeeded":3,"failed":3,"heartbeat_at":"2026-11-27T09:00:01Z","queue_depth":2}`},
+	} {
+		v := &View{agents: map[string]protocol.Presence{}, raw: map[string][]byte{}}
+		first, _, err := v.decode(key, []byte(c[0]))
+		if err != nil {
+			t.Fatalf("%s: first record refused: %v", name, err)
+		}
+		v.agents[key], v.raw[key] = first, []byte(c[0])
+		got, _, err := v.decode(key, []byte(c[1]))
+		var want protocol.Presence
+		werr := json.Unmarshal([]byte(c[1]), &want)
+		if werr == nil {
+			werr = protocol.ValidatePresence(key, want, 0)
+		}
+		switch {
+		case (err == nil) != (werr == nil):
+			t.Errorf("%s: the View says %v, a full decode %v", name, err, werr)
+		case err == nil && !reflect.DeepEqual(got, want):
+			t.Errorf("%s: the View keeps\n%+v\na full decode gives\n%+v", name, got, want)
+		}
+	}
+}
+
+// TestPatchDynamicRandomShapes builds records of odd but valid shapes
+// (whitespace before values, strings holding commas and braces, nested
+// members named like counters, keys in other cases), edits their dynamic
+// members, and holds every patch taken to a full decode. A review's
+// generator: run for about two million rounds it found the whitespace
+// fault fixed beside it (the pairs it found are cases of
+// TestViewDecodeAgreesWithFullDecode); make test runs 200,000.
+func TestPatchDynamicRandomShapes(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewSource(1))
+	pick := func(xs ...string) string { return xs[r.Intn(len(xs))] }
+	ws := func() string { return pick("", " ") }
+	dyn := func() string {
+		return pick(`"in_flight":`+pick("1", "2", "-0", "0"), `"succeeded":`+pick("1", "7"), `"failed":`+pick("0", "3"),
+			`"heartbeat_at":`+pick(`"2026-11-27T09:00:00Z"`, `"2026-11-27T09:00:01+01:00"`), `"queue_depth":`+pick("0", "4"),
+			`"utilisation":`+pick("0.5", "1e-1", "-0.0"), `"health":`+pick("1", "0.25"))
+	}
+	var value func(d int) string
+	var member func(d int) string
+	value = func(d int) string {
+		switch r.Intn(6) {
+		case 0:
+			return ws() + pick(`"x,"`, `"x,"`, `"q,"`, `"a}"`, `"q,\"in_flight\":1"`, `"h"`, `":"`, `"{"`, `"["`, `"]"`, `"2026-11-27T09:00:00Z"`) + ""
+		case 1:
+			if d > 2 {
+				return "1"
+			}
+			n := r.Intn(4)
+			var ms []string
+			for range n {
+				ms = append(ms, member(d+1))
+			}
+			return ws() + "{" + strings.Join(ms, ",") + "}"
+		case 2:
+			if d > 2 {
+				return "2"
+			}
+			return ws() + "[" + pick(`"a"`, `1`, `{"in_flight":1}`, `"]"`) + "]"
+		default:
+			return ws() + pick("0", "42", "true", "null", "-1", "1.5")
+		}
+	}
+	member = func(d int) string {
+		if r.Intn(3) == 0 {
+			return dyn()
+		}
+		k := pick(`":0"`, `":0"`, `":0"`, `"x"`, `"labels"`, `"pool"`, `"id"`, `"host"`, `":0"`, `":"`, `"},"`, `","`, `"p"`, `"In_Flight"`, `"capabilities"`)
+		return k + ":" + value(d)
+	}
+	found, nDec, nFind, nOK := 0, 0, 0, 0 // found: mismatches
+	rounds := 200_000
+	if testing.Short() {
+		rounds = 20_000
+	}
+	for n := 0; n < rounds && found < 3; n++ {
+		var ms []string
+		for range 2 + r.Intn(7) {
+			ms = append(ms, member(0))
+		}
+		for _, k := range []string{"in_flight", "succeeded", "failed", "heartbeat_at"} {
+			if r.Intn(4) != 0 {
+				v := map[string]string{"in_flight": "1", "succeeded": "2", "failed": "3", "heartbeat_at": `"2026-11-27T09:00:00Z"`}[k]
+				ms = append(ms, `"`+k+`":`+v)
+			}
+		}
+		r.Shuffle(len(ms), func(i, j int) { ms[i], ms[j] = ms[j], ms[i] })
+		a := []byte("{" + strings.Join(ms, ",") + "}")
+		var prev protocol.Presence
+		if json.Unmarshal(a, &prev) != nil {
+			continue
+		}
+		nDec++
+		var sa [numDynamic]span
+		if !findDynamic(a, &sa) {
+			continue
+		}
+		nFind++
+		// b: a with random edits at positions after '{' or ',' followed by '"'.
+		b := append([]byte(nil), a...)
+		for range 1 + r.Intn(3) {
+			switch r.Intn(3) {
+			case 0: // insert a dynamic member
+				var pos []int
+				for i := 0; i+1 < len(b); i++ {
+					if (b[i] == '{' || b[i] == ',') && b[i+1] == '"' {
+						pos = append(pos, i+1)
+					}
+				}
+				if len(pos) > 0 {
+					p := pos[r.Intn(len(pos))]
+					b = append(b[:p], append([]byte(dyn()+","), b[p:]...)...)
+				}
+			case 1: // change a number
+				for _, d := range []string{`"in_flight":1`, `"failed":3`, `"health":1`} {
+					if i := bytes.Index(b, []byte(d)); i >= 0 {
+						b = append(b[:i+len(d)-1], append([]byte("9"), b[i+len(d):]...)...)
+						break
+					}
+				}
+			case 2: // remove a dynamic member (with its following comma)
+				for _, d := range []string{`"queue_depth":`, `"health":`, `"utilisation":`, `"in_flight":`} {
+					if i := bytes.Index(b, []byte(d)); i >= 0 {
+						j := i + len(d)
+						for j < len(b) && b[j] != ',' && b[j] != '}' {
+							j++
+						}
+						if j < len(b) && b[j] == ',' {
+							b = append(b[:i], b[j+1:]...)
+						}
+						break
+					}
+				}
+			}
+		}
+		got, ok := patchDynamic(a, b, prev)
+		if !ok {
+			continue
+		}
+		nOK++
+		var want protocol.Presence
+		err := json.Unmarshal(b, &want)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			found++
+			t.Errorf("mismatch (err=%v)\na=%s\nb=%s", err, a, b)
+		}
+	}
+	t.Logf("records decoded %d, walked %d, patches taken %d", nDec, nFind, nOK)
+	if nOK == 0 {
+		t.Fatal("no patch taken: the generator no longer exercises the patch")
+	}
 }

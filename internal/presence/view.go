@@ -245,7 +245,7 @@ func onlyHeartbeatChanged(a, b []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	rest := b[start+endB:]
-	if !bytes.Equal(a[start+endA:], rest) || bytes.Contains(rest, heartbeatField) {
+	if !bytes.Equal(a[start+endA:], rest) || bytes.Contains(rest, heartbeatField) || otherHeartbeatKey(b, i) {
 		return time.Time{}, false
 	}
 	var at time.Time
@@ -253,6 +253,29 @@ func onlyHeartbeatChanged(a, b []byte) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return at, true
+}
+
+// otherHeartbeatKey reports whether b may hold, besides the member at i,
+// a key that encoding/json would also decode into heartbeat_at, the later
+// one winning: an escape anywhere ("heartbeat\u005fat"), or the name in
+// other letter cases ("HEARTBEAT_AT"; a string value spelt so is refused
+// too, which costs only a full decode).
+func otherHeartbeatKey(b []byte, i int) bool {
+	if bytes.IndexByte(b, '\\') >= 0 {
+		return true
+	}
+	name := heartbeatField[1 : len(heartbeatField)-3] // heartbeat_at
+	for j := 0; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return false
+		}
+		k += j
+		if end := k + 1 + len(name); k != i && end < len(b) && b[end] == '"' && bytes.EqualFold(b[k+1:end], name) {
+			return true
+		}
+		j = k + 1
+	}
 }
 
 // reject logs a record that is not used and queues its event.

@@ -90,8 +90,9 @@ type Presence struct {
 	// of its last fetch (the pending count of the last task delivered).
 	QueueDepth int `json:"queue_depth,omitempty"`
 	// Utilisation is the agent's resource utilisation, 0..1: the busiest of
-	// its CPU use (process and finished children, over the last heartbeat
-	// interval, of the CPUs it may use) and, under a memory limit, memory.
+	// its CPU use (process and finished children, of the CPUs it may use;
+	// the Go SDK smooths it over about 5 s) and, under a memory limit,
+	// memory.
 	// Absent: not reported.
 	Utilisation *float64 `json:"utilisation,omitempty"`
 	// Health is the agent's own view of its health, 0..1 (1: well).
