@@ -8,7 +8,7 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-func TestOnlyHeartbeatChanged(t *testing.T) {
+func TestLivenessRefresh(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 11, 26, 8, 0, 0, 0, time.UTC)
 	rec := func(edit func(*protocol.Presence)) []byte {
@@ -42,7 +42,7 @@ func TestOnlyHeartbeatChanged(t *testing.T) {
 		{"no heartbeat", []byte(`{"id":"a1","pool":"p"}`), false},
 		{"not a time", []byte(`{"id":"a1","pool":"p","heartbeat_at":"soon"}`), false},
 	} {
-		at, same := onlyHeartbeatChanged(old, c.b)
+		at, same := liveness(old, c.b)
 		if same != c.same {
 			t.Errorf("%s: same = %v, want %v", c.name, same, c.same)
 			continue
@@ -65,9 +65,21 @@ func TestOnlyHeartbeatChanged(t *testing.T) {
 			p.HeartbeatAt, p.Labels = at, map[string]string{"heartbeat_at": "2026-11-26T09:00:00Z"}
 		})
 	}
-	if _, same := onlyHeartbeatChanged(lab(t0), lab(later)); same {
-		t.Error("a record with heartbeat_at twice taken for a liveness refresh")
+	if at, same := liveness(lab(t0), lab(later)); same && !at.Equal(later) {
+		t.Errorf("a label named heartbeat_at taken for the heartbeat: %s, want %s", at, later)
 	}
+}
+
+// liveness reports whether the View takes record b, after record a, for a
+// liveness refresh (only heartbeat_at moved), and the heartbeat it reads.
+func liveness(a, b []byte) (time.Time, bool) {
+	var prev protocol.Presence
+	if json.Unmarshal(a, &prev) != nil {
+		return time.Time{}, false
+	}
+	_, _, shapeA, _ := refresh(protocol.Presence{}, nil, a, nil)
+	p, beat, _, ok := refresh(prev, shapeA, b, nil)
+	return p.HeartbeatAt, ok && beat
 }
 
 func TestUtilisationReportedOnMaterialChange(t *testing.T) {

@@ -2,11 +2,12 @@ package presence
 
 // A busy agent's heartbeats differ from one to the next in its counters
 // and load (in_flight, succeeded, failed, queue_depth, utilisation,
-// health) as well as heartbeat_at. Decoding each such record in full was a
-// quarter of the supervisor's CPU and an eighth of the scheduler's at
-// 5,000 loaded agents (docs/performance.md, session 11). patchDynamic
-// reads only those members when everything else is byte for byte the
-// record decoded last; anything it is not sure of is decoded in full.
+// health) as well as heartbeat_at; an idle agent's in heartbeat_at alone.
+// Decoding each such record in full was a quarter of the supervisor's CPU
+// and an eighth of the scheduler's at 5,000 loaded agents
+// (docs/performance.md, session 11). refresh reads only those members when
+// everything else is byte for byte the record decoded last; anything it is
+// not sure of is decoded in full.
 
 import (
 	"bytes"
@@ -74,36 +75,46 @@ var dynamicMembers = []dynamicMember{
 // numDynamic is len(dynamicMembers), for arrays on the stack.
 const numDynamic = 7
 
-// patchDynamic returns the record b holds, given the previous record a of
-// the same key and its decoded form prev, when the two differ only in
-// dynamic members written as encoding/json writes them: prev with the
-// dynamic members read from b (an optional member absent from b is zero).
-// ok is false when that is not certain, and the caller decodes b in full:
-// a dynamic key written differently, nested or more than once, a value
-// that is not a plain JSON number (or, for heartbeat_at, a plain string),
-// or any difference elsewhere. The rest is not validated again: it is the
-// bytes that were validated when prev was decoded.
-func patchDynamic(a, b []byte, prev protocol.Presence) (protocol.Presence, bool) {
-	var sa, sb [numDynamic]span
-	if !findDynamic(a, &sa) || !findDynamic(b, &sb) {
-		return protocol.Presence{}, false
+// refresh returns the record b holds when its shape (its bytes outside
+// the dynamic members) is shape0, the shape of the record prev was decoded
+// from: prev with the dynamic members read from b (an optional member
+// absent from b is zero), and beat when they differ from prev's in
+// heartbeat_at alone. ok is false when that is not certain, and the caller
+// decodes b in full: a dynamic key written differently, nested or more
+// than once, a value that is not a plain JSON number (or, for
+// heartbeat_at, a plain string), or another shape. The rest is not
+// validated again: it is the bytes that were validated when prev was
+// decoded. shape is b's shape appended to buf (nil when b cannot be
+// walked), for the caller to keep with the record it decodes.
+func refresh(prev protocol.Presence, shape0, b, buf []byte) (p protocol.Presence, beat bool, shape []byte, ok bool) {
+	var spans [numDynamic]span
+	if !findDynamic(b, &spans) {
+		return protocol.Presence{}, false, nil, false
 	}
-	var bufA, bufB [1024]byte
-	if !bytes.Equal(outside(bufA[:0], a, &sa), outside(bufB[:0], b, &sb)) {
-		return protocol.Presence{}, false
+	shape = outside(buf, b, &spans)
+	if len(shape0) == 0 || !bytes.Equal(shape0, shape) {
+		return protocol.Presence{}, false, shape, false
 	}
-	p := prev
+	p = prev
 	p.QueueDepth, p.Utilisation, p.Health = 0, nil, nil
 	for i, m := range dynamicMembers {
-		s := sb[i]
+		s := spans[i]
 		if s.start < 0 {
 			continue
 		}
 		if !m.set(&p, b[s.value:s.end]) {
-			return protocol.Presence{}, false
+			return protocol.Presence{}, false, shape, false
 		}
 	}
-	return p, true
+	return p, sameLoad(prev, p), shape, true
+}
+
+// sameLoad reports whether a and b agree in every dynamic member but
+// heartbeat_at.
+func sameLoad(a, b protocol.Presence) bool {
+	eq := func(x, y *float64) bool { return x == nil && y == nil || x != nil && y != nil && *x == *y }
+	return a.InFlight == b.InFlight && a.Succeeded == b.Succeeded && a.Failed == b.Failed &&
+		a.QueueDepth == b.QueueDepth && eq(a.Utilisation, b.Utilisation) && eq(a.Health, b.Health)
 }
 
 // span is one dynamic member in a record: start is where its key begins

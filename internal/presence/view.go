@@ -44,9 +44,13 @@ type View struct {
 	w   *watch.Watch
 	log zerolog.Logger
 
-	mu       sync.RWMutex
-	agents   map[string]protocol.Presence
-	raw      map[string][]byte // each agent's record as last applied; only the watch goroutine uses it
+	mu     sync.RWMutex
+	agents map[string]protocol.Presence
+	// shapes holds each agent's last record without its dynamic members
+	// (nil: it could not be walked), and buf the next record's; only the
+	// watch goroutine uses them (decode).
+	shapes   map[string][]byte
+	buf      []byte
 	onChange []func(Change)
 	sinks    []Sink
 
@@ -95,7 +99,7 @@ func NewView(ctx context.Context, js jetstream.JetStream, log zerolog.Logger, op
 	if err != nil {
 		return nil, fmt.Errorf("presence view: %w", err)
 	}
-	v := &View{w: w, log: log, agents: map[string]protocol.Presence{}, raw: map[string][]byte{}}
+	v := &View{w: w, log: log, agents: map[string]protocol.Presence{}, shapes: map[string][]byte{}}
 	for _, o := range opts {
 		o(v)
 	}
@@ -184,7 +188,7 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 		// A key a re-sync found missing counts as expired.
 		c.Expired = e.Op == jetstream.KeyValuePurge
 		delete(v.agents, e.Key)
-		delete(v.raw, e.Key)
+		delete(v.shapes, e.Key)
 		return c, true
 	}
 	val := e.Entry.Value()
@@ -196,86 +200,32 @@ func (v *View) apply(e watch.Event) (Change, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.agents[e.Key] = p
-	v.raw[e.Key] = val
 	c.Presence, c.Beat = p, beat
 	return c, true
 }
 
 // decode returns the record val holds: the agent's previous one with the
-// new heartbeat_at when nothing else changed (a liveness refresh: it was
-// decoded and validated when it last changed), or with the new counters
-// and load when only those changed too (patchDynamic), else val decoded
-// and validated. Only the watch goroutine calls it, and only it writes agents.
+// new dynamic members (counters, load, heartbeat_at) when nothing else
+// changed (refresh: the rest was decoded and validated when it last
+// changed; beat when only heartbeat_at moved), else val decoded and
+// validated, its shape kept for the next. Only the watch goroutine calls
+// it, and only it writes agents.
 func (v *View) decode(key string, val []byte) (p protocol.Presence, beat bool, err error) {
-	if old, ok := v.raw[key]; ok {
-		if at, same := onlyHeartbeatChanged(old, val); same {
-			p = v.agents[key]
-			p.HeartbeatAt = at
-			return p, true, nil
-		}
-		if p, ok := patchDynamic(old, val, v.agents[key]); ok {
-			return p, false, nil
-		}
+	p, beat, shape, ok := refresh(v.agents[key], v.shapes[key], val, v.buf[:0])
+	if shape != nil {
+		v.buf = shape
+	}
+	if ok {
+		return p, beat, nil
 	}
 	if err := json.Unmarshal(val, &p); err != nil {
 		return p, false, &protocol.PresenceError{Key: key, Reason: "undecodable", Detail: err.Error()}
 	}
-	return p, false, protocol.ValidatePresence(key, p, v.shards)
-}
-
-// heartbeatField starts the heartbeat_at member as encoding/json writes it
-// (the SDK's Announcer, and any writer without spaces around the colon).
-var heartbeatField = []byte(`"heartbeat_at":"`)
-
-// onlyHeartbeatChanged reports whether record b is record a with another
-// heartbeat_at, and returns b's heartbeat_at. It compares bytes: equal
-// records decode equally, so b need not be decoded or validated again.
-// Anything it is not sure of (the member absent, written differently, or
-// present twice, e.g. also as a label) is reported as a change, and the
-// caller decodes b in full.
-func onlyHeartbeatChanged(a, b []byte) (time.Time, bool) {
-	i := bytes.Index(b, heartbeatField)
-	if i < 0 || len(a) < i+len(heartbeatField) || !bytes.Equal(a[:i+len(heartbeatField)], b[:i+len(heartbeatField)]) {
-		return time.Time{}, false
+	if err := protocol.ValidatePresence(key, p, v.shards); err != nil {
+		return p, false, err
 	}
-	start := i + len(heartbeatField)
-	endA := bytes.IndexByte(a[start:], '"')
-	endB := bytes.IndexByte(b[start:], '"')
-	if endA < 0 || endB < 0 {
-		return time.Time{}, false
-	}
-	rest := b[start+endB:]
-	if !bytes.Equal(a[start+endA:], rest) || bytes.Contains(rest, heartbeatField) || otherHeartbeatKey(b, i) {
-		return time.Time{}, false
-	}
-	var at time.Time
-	if err := at.UnmarshalJSON(b[start-1 : start+endB+1]); err != nil {
-		return time.Time{}, false
-	}
-	return at, true
-}
-
-// otherHeartbeatKey reports whether b may hold, besides the member at i,
-// a key that encoding/json would also decode into heartbeat_at, the later
-// one winning: an escape anywhere ("heartbeat\u005fat"), or the name in
-// other letter cases ("HEARTBEAT_AT"; a string value spelt so is refused
-// too, which costs only a full decode).
-func otherHeartbeatKey(b []byte, i int) bool {
-	if bytes.IndexByte(b, '\\') >= 0 {
-		return true
-	}
-	name := heartbeatField[1 : len(heartbeatField)-3] // heartbeat_at
-	for j := 0; ; {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			return false
-		}
-		k += j
-		if end := k + 1 + len(name); k != i && end < len(b) && b[end] == '"' && bytes.EqualFold(b[k+1:end], name) {
-			return true
-		}
-		j = k + 1
-	}
+	v.shapes[key] = bytes.Clone(shape)
+	return p, false, nil
 }
 
 // reject logs a record that is not used and queues its event.
