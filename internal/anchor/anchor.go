@@ -19,8 +19,8 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-// Body says what an anchor is to whoever reads it with `nats stream view`.
-var Body = []byte("Warden anchor: keeps this work-queue stream's last file block from emptying on every ack; no consumer takes it (docs/protocol.md, \"Anchors\").")
+// body says what an anchor is to whoever reads it with `nats stream view`.
+var body = []byte("Warden anchor: keeps this work-queue stream's last file block from emptying on every ack; no consumer takes it (docs/protocol.md, \"Anchors\").")
 
 // Keeper keeps one message, the anchor, on each work-queue stream's
 // protocol.AnchorSubject, and keeps it in the stream's last file block.
@@ -74,7 +74,7 @@ func (a *Keeper) Run(ctx context.Context) error {
 	failing := map[string]bool{}
 	for {
 		for _, name := range a.streams {
-			err := a.Keep(ctx, name)
+			err := a.keep(ctx, name)
 			switch {
 			case ctx.Err() != nil:
 				return nil
@@ -96,9 +96,9 @@ func (a *Keeper) Run(ctx context.Context) error {
 	}
 }
 
-// Keep makes the anchor of stream name its newest message unless nothing
+// keep makes the anchor of stream name its newest message unless nothing
 // was stored since the anchor this keeper wrote, and deletes older anchors.
-func (a *Keeper) Keep(ctx context.Context, name string) error {
+func (a *Keeper) keep(ctx context.Context, name string) error {
 	s, err := a.js.Stream(ctx, name)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
@@ -113,7 +113,7 @@ func (a *Keeper) Keep(ctx context.Context, name string) error {
 	}
 	subject := protocol.AnchorSubject(name)
 	if st.last == 0 || info.State.LastSeq != st.last {
-		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: Body}, jetstream.WithExpectStream(name))
+		ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: body}, jetstream.WithExpectStream(name))
 		if err != nil {
 			return fmt.Errorf("store anchor of %s: %w", name, err)
 		}

@@ -153,7 +153,7 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 	}
 	// Anchors an earlier term left, among submissions.
 	for i := 0; i < 3; i++ {
-		if _, err := js.Publish(ctx, protocol.AnchorSubject(stream), Body); err != nil {
+		if _, err := js.Publish(ctx, protocol.AnchorSubject(stream), body); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: protocol.SubmitSubject("job-" + strconv.Itoa(i)), Data: []byte("{}")}); err != nil {
@@ -162,7 +162,7 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 	}
 
 	a := New(js, []string{stream}, time.Hour, zerolog.Nop())
-	if err := a.Keep(ctx, stream); err != nil {
+	if err := a.keep(ctx, stream); err != nil {
 		t.Fatal(err)
 	}
 	count, newest := anchorsOn(t, js, stream)
@@ -179,7 +179,7 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 
 	idle := lastSeq()
 	for i := 0; i < 3; i++ {
-		if err := a.Keep(ctx, stream); err != nil {
+		if err := a.keep(ctx, stream); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -190,7 +190,7 @@ func TestAnchorsMoveOnlyAfterWrites(t *testing.T) {
 	if _, err := js.Publish(ctx, protocol.SubmitSubject("job-late"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Keep(ctx, stream); err != nil {
+	if err := a.keep(ctx, stream); err != nil {
 		t.Fatal(err)
 	}
 	count, moved := anchorsOn(t, js, stream)
@@ -216,7 +216,7 @@ func TestAnchorsNeverDeleteAReusedSequence(t *testing.T) {
 	}
 	a := New(js, []string{stream}, time.Hour, zerolog.Nop())
 	submit(2)
-	if err := a.Keep(ctx, stream); err != nil {
+	if err := a.keep(ctx, stream); err != nil {
 		t.Fatal(err)
 	}
 	if _, anchor := anchorsOn(t, js, stream); anchor != 3 {
@@ -228,7 +228,7 @@ func TestAnchorsNeverDeleteAReusedSequence(t *testing.T) {
 	}
 	srv.Ensure(t, js, streams.Options{})
 	submit(5) // sequences 1-5: 3 is a submission now
-	if err := a.Keep(ctx, stream); err != nil {
+	if err := a.keep(ctx, stream); err != nil {
 		t.Fatal(err)
 	}
 	s, err := js.Stream(ctx, stream)
