@@ -18,33 +18,32 @@ import (
 )
 
 // dynamicMember is a Presence member that changes between heartbeats of an
-// otherwise stable agent: its key as encoding/json writes it (quoted, with
-// the colon, no spaces), whether encoding/json may leave it out
-// (omitempty), and how to set it from its value (false: not a value
+// otherwise stable agent: its JSON name, whether encoding/json may leave
+// it out (omitempty), and how to set it from its value (false: not a value
 // encoding/json would decode to the same thing).
 type dynamicMember struct {
-	key      []byte
+	name     string
 	optional bool
 	set      func(p *protocol.Presence, v []byte) bool
 }
 
 var dynamicMembers = []dynamicMember{
-	{[]byte(`"in_flight":`), false, func(p *protocol.Presence, v []byte) bool {
+	{"in_flight", false, func(p *protocol.Presence, v []byte) bool {
 		n, ok := jsonInt(v)
 		p.InFlight = n
 		return ok
 	}},
-	{[]byte(`"succeeded":`), false, func(p *protocol.Presence, v []byte) bool {
+	{"succeeded", false, func(p *protocol.Presence, v []byte) bool {
 		n, ok := jsonUint(v)
 		p.Succeeded = n
 		return ok
 	}},
-	{[]byte(`"failed":`), false, func(p *protocol.Presence, v []byte) bool {
+	{"failed", false, func(p *protocol.Presence, v []byte) bool {
 		n, ok := jsonUint(v)
 		p.Failed = n
 		return ok
 	}},
-	{[]byte(`"heartbeat_at":`), false, func(p *protocol.Presence, v []byte) bool {
+	{"heartbeat_at", false, func(p *protocol.Presence, v []byte) bool {
 		if len(v) < 2 || v[0] != '"' || bytes.IndexByte(v[1:len(v)-1], '\\') >= 0 {
 			return false
 		}
@@ -55,17 +54,17 @@ var dynamicMembers = []dynamicMember{
 		p.HeartbeatAt = at
 		return true
 	}},
-	{[]byte(`"queue_depth":`), true, func(p *protocol.Presence, v []byte) bool {
+	{"queue_depth", true, func(p *protocol.Presence, v []byte) bool {
 		n, ok := jsonInt(v)
 		p.QueueDepth = n
 		return ok
 	}},
-	{[]byte(`"utilisation":`), true, func(p *protocol.Presence, v []byte) bool {
+	{"utilisation", true, func(p *protocol.Presence, v []byte) bool {
 		f, ok := jsonFloat(v)
 		p.Utilisation = &f
 		return ok
 	}},
-	{[]byte(`"health":`), true, func(p *protocol.Presence, v []byte) bool {
+	{"health", true, func(p *protocol.Presence, v []byte) bool {
 		f, ok := jsonFloat(v)
 		p.Health = &f
 		return ok
@@ -155,13 +154,14 @@ func findDynamic(b []byte, out *[numDynamic]span) bool {
 		if end < 0 || end >= len(b) {
 			return false
 		}
-		if d := dynamicIndex(key); d >= 0 {
-			if out[d].start >= 0 {
-				return false
-			}
-			out[d] = span{start: i, value: v, end: end}
-		} else if foldsToDynamic(key) {
+		d, folded := dynamicIndex(key)
+		switch {
+		case folded:
 			return false
+		case d >= 0 && out[d].start >= 0:
+			return false
+		case d >= 0:
+			out[d] = span{start: i, value: v, end: end}
 		}
 		if b[end] == '}' {
 			if end != len(b)-1 {
@@ -183,37 +183,20 @@ func findDynamic(b []byte, out *[numDynamic]span) bool {
 }
 
 // dynamicIndex is the index in dynamicMembers of the member named key
-// exactly, or -1.
-func dynamicIndex(key []byte) int {
-	switch string(key) {
-	case "in_flight":
-		return 0
-	case "succeeded":
-		return 1
-	case "failed":
-		return 2
-	case "heartbeat_at":
-		return 3
-	case "queue_depth":
-		return 4
-	case "utilisation":
-		return 5
-	case "health":
-		return 6
-	}
-	return -1
-}
-
-// foldsToDynamic reports whether key is a dynamic member's name in other
-// letter cases.
-func foldsToDynamic(key []byte) bool {
-	for _, m := range dynamicMembers {
-		name := m.key[1 : len(m.key)-2] // without the quotes and the colon
-		if len(key) == len(name) && bytes.EqualFold(key, name) {
-			return true
+// exactly, or -1; folded is true when key names one in other letter cases.
+func dynamicIndex(key []byte) (i int, folded bool) {
+	for i, m := range dynamicMembers {
+		if len(key) != len(m.name) {
+			continue
+		}
+		if string(key) == m.name {
+			return i, false
+		}
+		if bytes.EqualFold(key, []byte(m.name)) {
+			return -1, true
 		}
 	}
-	return false
+	return -1, false
 }
 
 // skipValue is where the JSON value at b[i:] ends, or -1 when b[i:] does
