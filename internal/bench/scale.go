@@ -53,9 +53,12 @@ func (e *Env) runScale(tb *runTB) {
 			sum += w.tps
 			rates[i] = fmt.Sprintf("%.0f", w.tps)
 		}
+		note := ws[0].note
+		if len(ws) > 1 {
+			note = fmt.Sprintf("mean of %d windows (%s tasks/s); first: %s", len(ws), strings.Join(rates, ", "), note)
+		}
 		k := func(s string) string { return fmt.Sprintf(s, n) }
-		e.rep.Add(Figure{Section: "scale", Key: k("tasks_per_s_%d_agents"), Label: k("%d agents: targeted tasks"), Value: sum / float64(len(ws)), Unit: "tasks/s",
-			Note: fmt.Sprintf("mean of %d windows (%s tasks/s); first: %s", len(ws), strings.Join(rates, ", "), ws[0].note)})
+		e.rep.Add(Figure{Section: "scale", Key: k("tasks_per_s_%d_agents"), Label: k("%d agents: targeted tasks"), Value: sum / float64(len(ws)), Unit: "tasks/s", Note: note})
 	}
 	if a, ok := e.rep.Value("tasks_per_s_100_agents"); ok {
 		for _, n := range sizes {
