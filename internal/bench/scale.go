@@ -186,7 +186,11 @@ func (e *Env) scaleOnce(tb *runTB, n int, tasksOnly bool) scaleWindow {
 	dur := pick(e, 10*time.Second, 5*time.Second)
 	const window = 500
 	meter := newCPUMeter(pids)
-	stopProfiles := e.startProfiles(tb, srv, k("scale-%d"), dur, profileOf("scheduler", sched), profileOf("supervisor", sup))
+	name := k("scale-%d")
+	if tasksOnly {
+		name = k("scale-%d-again") // the first window's profiles stay
+	}
+	stopProfiles := e.startProfiles(tb, srv, name, dur, profileOf("scheduler", sched), profileOf("supervisor", sup))
 	start := time.Now()
 	submitted := 0
 	for time.Since(start) < dur {
