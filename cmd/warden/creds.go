@@ -47,7 +47,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 		},
 	}
 	f := initCmd.Flags()
-	f.IntVar(&c.TaskShards, "task-shards", streams.DefaultTaskShards, "the deployment's task_shards (agents' credentials name their shard)")
+	f.IntVar(&c.TaskShards, "task-shards", streams.DefaultTaskShards, "the deployment's task_shards, about one per 50 agents (agents' credentials name their shard)")
 	f.StringVar(&agents, "agents", "", "comma-separated <pool>.<id>[@<cluster>] agents to mint credentials for")
 	f.StringVar(&routes, "routes", "", "comma-separated route hosts of a cluster (nats-1:6222,...)")
 	f.BoolVar(&c.TLS, "tls", false, "TLS for clients and routes: make a CA and a server certificate")
@@ -152,7 +152,7 @@ they do.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&o.Replicas, "replicas", 1, "replicas of every stream and bucket")
-	f.IntVar(&o.TaskShards, "task-shards", streams.DefaultTaskShards, "task streams")
+	f.IntVar(&o.TaskShards, "task-shards", streams.DefaultTaskShards, "task streams (about one per 50 agents)")
 	f.IntVar(&o.Partitions, "partitions", streams.DefaultPartitions, "scheduler partitions")
 	f.DurationVar(&o.PresenceTTL, "presence-ttl", 0, "presence bucket TTL (default streams/kv_presence.json)")
 	f.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "leases bucket TTL (default streams/kv_leases.json)")

@@ -130,7 +130,7 @@ func (p Process[C]) flagSet(c *C, out io.Writer) (*flag.FlagSet, *options) {
 		fs.Lookup("id").DefValue = ""
 	}
 	if cm.TaskShards != nil {
-		fs.IntVar(cm.TaskShards, "task-shards", *cm.TaskShards, "number of task streams; every scheduler, supervisor and agent of a deployment must use the same")
+		fs.IntVar(cm.TaskShards, "task-shards", *cm.TaskShards, "number of task streams, about one per 50 agents; every scheduler, supervisor and agent of a deployment must use the same")
 	}
 	if cm.Partitions != nil {
 		fs.IntVar(cm.Partitions, "partitions", *cm.Partitions, "scheduler partitions of submissions and results; every scheduler and supervisor of a deployment must use the same")
