@@ -25,7 +25,7 @@ func (e *Env) runScale(tb *runTB) {
 	}
 	// Each fleet runs on a fresh server a minute or more after the one
 	// before, and this host's speed drifts by more than the ratio's margin
-	// in that time (0.36-0.65 in one sitting). So the two sizes the ratio
+	// in that time (0.36-0.64 in one sitting). So the two sizes the ratio
 	// compares run a second targeted window in reverse order (…, 5000,
 	// then 5000, 100), and each rate is the mean of its windows: a drift
 	// over the phase then weighs on both sides alike.
