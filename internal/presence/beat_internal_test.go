@@ -11,18 +11,9 @@ import (
 func TestLivenessRefresh(t *testing.T) {
 	t.Parallel()
 	t0 := time.Date(2026, 11, 26, 8, 0, 0, 0, time.UTC)
-	rec := func(edit func(*protocol.Presence)) []byte {
-		p := protocol.Presence{ID: "a1", Pool: "p", Actions: []string{"echo"}, MaxConcurrent: 4, Host: "h", PID: 1,
-			StartedAt: t0, HeartbeatAt: t0, TaskStream: protocol.TaskStream(0), TaskSubject: protocol.TaskSubject(0, "p", "a1")}
-		if edit != nil {
-			edit(&p)
-		}
-		b, err := json.Marshal(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	base := protocol.Presence{ID: "a1", Pool: "p", Actions: []string{"echo"}, MaxConcurrent: 4, Host: "h", PID: 1,
+		StartedAt: t0, HeartbeatAt: t0, TaskStream: protocol.TaskStream(0), TaskSubject: protocol.TaskSubject(0, "p", "a1")}
+	rec := func(edit func(*protocol.Presence)) []byte { return encodeEdited(t, base, edit) }
 	later := t0.Add(1234567 * time.Microsecond) // another length of fraction
 	old := rec(nil)
 	for _, c := range []struct {
@@ -77,8 +68,7 @@ func liveness(a, b []byte) (time.Time, bool) {
 	if json.Unmarshal(a, &prev) != nil {
 		return time.Time{}, false
 	}
-	_, _, shapeA, _ := refresh(protocol.Presence{}, nil, a, nil)
-	p, beat, _, ok := refresh(prev, shapeA, b, nil)
+	p, beat, ok := patch(a, b, prev)
 	return p.HeartbeatAt, ok && beat
 }
 

@@ -23,6 +23,12 @@ func sampleRecord(t testing.TB, edit func(*protocol.Presence)) []byte {
 		StartedAt: time.Date(2026, 11, 27, 9, 0, 0, 0, time.UTC), HeartbeatAt: time.Date(2026, 11, 27, 9, 1, 0, 123456789, time.UTC),
 		Consumer: "a1", HeartbeatInterval: protocol.Duration(time.Second), QueueDepth: 3, Utilisation: &u, Health: &h,
 	}
+	return encodeEdited(t, p, edit)
+}
+
+// encodeEdited is p after edit (when set), as encoding/json writes it.
+func encodeEdited(t testing.TB, p protocol.Presence, edit func(*protocol.Presence)) []byte {
+	t.Helper()
 	if edit != nil {
 		edit(&p)
 	}
@@ -34,11 +40,11 @@ func sampleRecord(t testing.TB, edit func(*protocol.Presence)) []byte {
 }
 
 // patch is what the View does with record b after record a, which decoded
-// to prev: refresh b against a's shape.
-func patch(a, b []byte, prev protocol.Presence) (protocol.Presence, bool) {
+// to prev: refresh b against a's shape. beat: only heartbeat_at moved.
+func patch(a, b []byte, prev protocol.Presence) (p protocol.Presence, beat, ok bool) {
 	_, _, shapeA, _ := refresh(protocol.Presence{}, nil, a, nil)
-	p, _, _, ok := refresh(prev, shapeA, b, nil)
-	return p, ok
+	p, beat, _, ok = refresh(prev, shapeA, b, nil)
+	return p, beat, ok
 }
 
 // checkPatch holds the View's refresh to encoding/json: when it answers, its
@@ -49,7 +55,7 @@ func checkPatch(t *testing.T, a, b []byte) (patched bool) {
 	if json.Unmarshal(a, &prev) != nil {
 		return false
 	}
-	got, ok := patch(a, b, prev)
+	got, _, ok := patch(a, b, prev)
 	if !ok {
 		return false
 	}
@@ -100,7 +106,7 @@ func TestPatchDynamicCounters(t *testing.T) {
 		strings.Replace(string(b), `"utilisation":0.12`, `"utilisation":null`, 1),
 	} {
 		checkPatch(t, a, []byte(tricky))
-		if _, ok := patch(a, []byte(tricky), protocol.Presence{}); ok {
+		if _, _, ok := patch(a, []byte(tricky), protocol.Presence{}); ok {
 			t.Errorf("patched a record spelt unusually: %s", tricky)
 		}
 	}
@@ -357,7 +363,7 @@ func TestPatchDynamicRandomShapes(t *testing.T) {
 				}
 			}
 		}
-		got, ok := patch(a, b, prev)
+		got, _, ok := patch(a, b, prev)
 		if !ok {
 			continue
 		}
