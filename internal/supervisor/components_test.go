@@ -21,10 +21,20 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-// fakeLease is a lease whose current epoch the test sets.
-type fakeLease struct{ epoch atomic.Uint64 }
+// fakeLease is a lease whose current epoch the test sets; denied counts
+// the answers "not the leader".
+type fakeLease struct {
+	epoch  atomic.Uint64
+	denied atomic.Int64
+}
 
-func (f *fakeLease) Leader() (uint64, bool) { e := f.epoch.Load(); return e, e != 0 }
+func (f *fakeLease) Leader() (uint64, bool) {
+	e := f.epoch.Load()
+	if e == 0 {
+		f.denied.Add(1)
+	}
+	return e, e != 0
+}
 
 // parts are a term's components on a test server, built as newLeader does.
 type parts struct {
@@ -178,6 +188,42 @@ func TestDeposedLeaderCausesNothing(t *testing.T) {
 	}
 	if n := asked.Load(); n != 1 {
 		t.Fatalf("%d advance requests after failover, want 1", n)
+	}
+}
+
+// Leader() says no for the moment a renewal takes past the lease's last
+// sure instant, and yes again once it lands with the same epoch. The
+// recovery loop used to return at the first fence that failed, and the term
+// ran on without it: an expired lease was then never released while this
+// process kept the lease from every standby. It now tries again later, and
+// only the term's context ends it.
+func TestRecoveryOutlivesAFenceThatFailsForAMoment(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	p.lease.epoch.Store(0) // a renewal in flight past validTo
+	p.dispatched(t, "job-f", "a1")
+	r := &recovery{term: p.term, store: p.store, release: p.rel, adv: p.adv, grace: time.Hour, retry: 50 * time.Millisecond,
+		log: zerolog.Nop(), built: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.run(ctx) }()
+
+	// The expired lease came due and met the failed fence.
+	natstest.Eventually(t, 10*time.Second, "the recovery to meet the failed fence", func() bool { return p.lease.denied.Load() > 0 })
+	p.lease.epoch.Store(7) // the renewal landed
+	natstest.Eventually(t, 10*time.Second, "the expired lease to be released", func() bool {
+		st, _, err := p.store.Step(context.Background(), "job-f", "s")
+		return err == nil && st.State == jobstore.StepPending
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("recovery stopped while its term went on: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("recovery at shutdown: %v", err)
 	}
 }
 

@@ -62,15 +62,13 @@ func (d *deadLetters) run(ctx context.Context) error {
 		return fmt.Errorf("advisory consumer: %w", err)
 	}
 	for ctx.Err() == nil {
-		if done := d.batch(ctx, cons); done {
-			return nil
-		}
+		d.batch(ctx, cons)
 	}
 	return nil
 }
 
-// batch handles one fetch of advisories; true means stop leading.
-func (d *deadLetters) batch(ctx context.Context, cons jetstream.Consumer) bool {
+// batch handles one fetch of advisories.
+func (d *deadLetters) batch(ctx context.Context, cons jetstream.Consumer) {
 	fctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	batch, err := cons.Fetch(32, jetstream.FetchContext(fctx))
@@ -79,14 +77,14 @@ func (d *deadLetters) batch(ctx context.Context, cons jetstream.Consumer) bool {
 			d.log.Warn().Err(err).Msg("advisory fetch failed")
 			sleepCtx(ctx, d.retry)
 		}
-		return false
+		return
 	}
 	for msg := range batch.Messages() {
 		err := d.handle(ctx, msg)
 		switch {
 		case errors.Is(err, errNotLeader):
-			_ = msg.Nak()
-			return true
+			// Handled again once the lease is sure (see recovery.due).
+			_ = msg.NakWithDelay(d.retry)
 		case errors.Is(err, errUnconfirmed):
 			// Checked again later: a delivery below it is in flight.
 			n := uint64(1)
@@ -103,7 +101,6 @@ func (d *deadLetters) batch(ctx context.Context, cons jetstream.Consumer) bool {
 			_ = msg.Ack()
 		}
 	}
-	return false
 }
 
 func (d *deadLetters) handle(ctx context.Context, msg jetstream.Msg) error {

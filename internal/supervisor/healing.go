@@ -79,7 +79,7 @@ func (h *healer) run(ctx context.Context, beats <-chan protocol.Presence, gone <
 			h.assessor.forget(ctx, key)
 		case <-tick.C:
 			if err := h.term.fence(); err != nil {
-				return nil
+				continue // the next cycle; see recovery.due
 			}
 			start := time.Now()
 			h.heal(ctx, h.term.now())

@@ -76,7 +76,7 @@ func (r *recovery) run(ctx context.Context) error {
 			continue
 		}
 		if err := r.due(ctx, idx); err != nil {
-			return nil // lease lost or shutting down
+			return nil // shutting down, or the term ended
 		}
 		if next, ok := idx.Next(); ok {
 			timer.Reset(max(next.Sub(r.term.now()), time.Millisecond))
@@ -84,15 +84,20 @@ func (r *recovery) run(ctx context.Context) error {
 	}
 }
 
-// due handles every entry due now; an error means stop.
+// due handles every entry due now; an error means stop. A fence that
+// fails (errNotLeader) is not a stop: Leader() also says no for the moment
+// a renewal takes past the lease's last sure instant, and the term's
+// context, not the fence, ends the term when the lease is really lost. The
+// entry is tried again after recovery_retry, as after any other failure;
+// returning instead left the term running with its recovery gone.
 func (r *recovery) due(ctx context.Context, idx *Index) error {
 	now := r.term.now()
 	asked := map[string]bool{} // one advance request per job per round
 	for _, d := range idx.PopDue(now) {
 		recheck, err := r.handle(ctx, d, now, asked)
 		switch {
-		case errors.Is(err, errNotLeader) || ctx.Err() != nil:
-			return errNotLeader
+		case ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
 			r.log.Debug().Err(err).Str("key", d.Key).Msg("recovery deferred")
 			idx.Retry(d, now.Add(r.retry))

@@ -43,7 +43,7 @@ func (s *suspects) run(ctx context.Context, departures <-chan presence.Change) e
 	for {
 		next, err := s.decide(ctx, s.f.term.now())
 		if err != nil {
-			return nil // lease lost or shutting down
+			return nil // shutting down, or the term ended
 		}
 		if !next.IsZero() {
 			timer.Reset(max(next.Sub(s.f.term.now()), time.Millisecond))
@@ -87,9 +87,10 @@ func (s *suspects) decide(ctx context.Context, now time.Time) (time.Time, error)
 			continue
 		}
 		err := s.judge(ctx, key, sp)
-		if errors.Is(err, errNotLeader) || ctx.Err() != nil {
-			return next, errNotLeader
+		if ctx.Err() != nil {
+			return next, ctx.Err()
 		}
+		// errNotLeader too is retried: see recovery.due.
 		if err != nil {
 			s.log.Warn().Err(err).Str("agent", key).Msg("failover not done; retrying")
 			sp.since = now.Add(s.retry - s.threshold)

@@ -96,7 +96,7 @@ func (x *transfers) run(ctx context.Context) error {
 			}
 			keep, err := x.judge(ctx, w)
 			switch {
-			case errors.Is(err, errNotLeader) || ctx.Err() != nil:
+			case ctx.Err() != nil:
 				return nil
 			case err != nil:
 				x.log.Warn().Err(err).Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Msg("transfer check deferred")
