@@ -39,7 +39,7 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	recreated := false // the consumer, since the last pull that did not fail
 	for {
 		// Drained by an operator, or over a limit the supervisor lowered.
-		for a.held.Load() || a.stats.inFlight.Load() >= int64(a.limit.Load()) && len(slots) > 0 {
+		for a.held.Load() || len(slots) >= int(a.limit.Load()) && len(slots) > 0 {
 			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
 				return
 			}
@@ -48,6 +48,12 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 		case slots <- struct{}{}:
 		case <-fetchCtx.Done():
 			return
+		}
+		if a.heldBack(slots) {
+			// Drained, or the limit lowered, while every slot was busy:
+			// the wait for this one ended after the check above.
+			<-slots
+			continue
 		}
 		if alone {
 			alone = a.unackedElsewhere(fetchCtx, len(slots)-1)
@@ -124,6 +130,11 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 	// more tasks arrive for slots that are no longer free.
 	a.pullCancel.Store(&cancel)
 	defer a.pullCancel.Store(nil)
+	if a.heldBack(slots) {
+		// A drain or limit that came before the store above found no
+		// request to stop (its stopPull ran first): this one stops itself.
+		cancel()
+	}
 	batch, err := a.cons.Fetch(n, jetstream.FetchContext(fctx))
 	if err != nil {
 		return 0, nil, err
@@ -236,6 +247,14 @@ func (a *Agent) loopRequest(ctx context.Context) (context.Context, context.Cance
 		a.pullCancel.Store(nil)
 		cancel()
 	}
+}
+
+// heldBack reports whether the agent may not fill the slots it has taken:
+// drained by an operator, or holding more than the limit the supervisor
+// set. Control stores held or limit before stopPull, and a pull stores its
+// cancel before asking this, so one of the two always sees the other.
+func (a *Agent) heldBack(slots chan struct{}) bool {
+	return a.held.Load() || len(slots) > int(a.limit.Load())
 }
 
 // stopPull ends the pull request in progress, if any.
