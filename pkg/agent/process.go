@@ -114,6 +114,13 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	// A suspect waits here, its lease kept, until it can run alone.
 	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
 	if release == nil {
+		if cause := context.Cause(hctx); errors.Is(cause, ErrCancelled) {
+			// Handed back, the redelivery would carry no cancel and run.
+			log.Info().Msg("cancelled while waiting to run: reporting it cancelled unrun")
+			err := Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, cause))
+			a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, err), log)
+			return
+		}
 		log.Info().Msg("stopped while waiting to run: handing the task back")
 		handBack()
 		return
@@ -153,9 +160,6 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		handBack()
 		return
 	}
-	if o.err != nil && errors.Is(cause, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {
-		o.err = fmt.Errorf("%w: %w", cause, o.err)
-	}
 	if stack, ok := isPanic(o.err); ok {
 		log.Error().Err(o.err).Bytes("stack", stack).Msg("handler panicked")
 	}
@@ -172,16 +176,33 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 
 // runHandler runs h under its deadline. A handler that ignores cancellation
 // is waited for a short grace, then reported as failed and left running.
+// An error the handler returns once its deadline has passed says so
+// (ErrDeadline), whatever the handler made of it: retries classify a step
+// by that, as a timeout. A handler whose deadline passed while it waited to
+// run (a suspect waiting to run alone) is not started.
 func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) outcome {
 	if !p.handlerDeadline.IsZero() {
 		cause := ErrDeadline
 		if p.timeoutFirst {
 			cause = fmt.Errorf("%w: step timeout %s", ErrDeadline, t.Timeout)
 		}
+		if !a.now().Before(p.handlerDeadline) {
+			return outcome{err: fmt.Errorf("%w: passed before the handler could start", cause)}
+		}
 		var cancel context.CancelFunc
 		hctx, cancel = context.WithDeadlineCause(hctx, p.handlerDeadline, cause)
 		defer cancel()
+		o := a.awaitHandler(hctx, p, h, t)
+		if cause := context.Cause(hctx); o.err != nil && errors.Is(cause, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {
+			o.err = fmt.Errorf("%w: %w", cause, o.err)
+		}
+		return o
 	}
+	return a.awaitHandler(hctx, p, h, t)
+}
+
+// awaitHandler calls h and waits for it, or for a grace once hctx ends.
+func (a *Agent) awaitHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) outcome {
 	done := make(chan outcome, 1)
 	go func() {
 		out, err := call(hctx, h, t)

@@ -1,0 +1,227 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// control sends one control request to the test agent and returns its reply.
+func (b *bundle) control(t *testing.T, c protocol.Control) protocol.Reply {
+	t.Helper()
+	body, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.nc.Request(protocol.AgentControlSubject("p", b.agent.Config().ID), body, 5*time.Second)
+	if err != nil {
+		t.Fatalf("control %s: %v", c.Op, err)
+	}
+	var r protocol.Reply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		t.Fatalf("control %s reply %q: %v", c.Op, m.Data, err)
+	}
+	return r
+}
+
+// holdsFor fails the test if cond turns false within d. It checks that
+// something does not happen: the old code did it within milliseconds.
+func holdsFor(t *testing.T, d time.Duration, msg string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if !cond() {
+			t.Fatalf("%s: no longer true", msg)
+		}
+	}
+}
+
+// blocker is a handler that runs until released, saying when it started.
+// Tests defer free after setup, so that it runs before the agent's cleanup
+// waits for its tasks.
+type blocker struct {
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newBlocker() *blocker {
+	return &blocker{started: make(chan struct{}, 8), release: make(chan struct{})}
+}
+
+func (b *blocker) free() { b.once.Do(func() { close(b.release) }) }
+
+func (b *blocker) handle(context.Context, *agent.Task) (any, error) {
+	b.started <- struct{}{}
+	<-b.release
+	return "done", nil
+}
+
+func (b *blocker) waitStarted(t *testing.T) {
+	t.Helper()
+	select {
+	case <-b.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocking task did not start")
+	}
+}
+
+// A drain that arrives while every slot is busy holds: the dispatcher was
+// already waiting for a slot when it came, and used to pull as soon as one
+// freed, so the agents the supervisor drains (overloaded, unhealthy) took
+// new work all the same.
+func TestDrainWhileEverySlotIsBusyTakesNothingNew(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = 1
+	long := newBlocker()
+	var ran atomic.Int32
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("long", long.handle)
+		a.Handle("next", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
+	})
+	defer long.free()
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
+	long.waitStarted(t)
+	if r := b.control(t, protocol.Control{Op: protocol.ControlDrain}); !r.OK {
+		t.Fatalf("drain: %+v", r)
+	}
+	b.publish(t, protocol.Task{JobID: "j2", StepID: "s", Action: "next"})
+	long.free()
+	if r, _ := b.result(t, "j1", "s"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("in-flight task: %+v", r)
+	}
+	natstest.Eventually(t, 10*time.Second, "the in-flight task acked", func() bool { return b.consumerInfo(t).NumAckPending == 0 })
+	holdsFor(t, time.Second, "a drained agent takes no task", func() bool {
+		return ran.Load() == 0 && b.consumerInfo(t).NumAckPending == 0
+	})
+	if r := b.control(t, protocol.Control{Op: protocol.ControlUndrain}); !r.OK {
+		t.Fatalf("undrain: %+v", r)
+	}
+	if r, _ := b.result(t, "j2", "s"); r.Status != protocol.ResultSucceeded || ran.Load() != 1 {
+		t.Fatalf("after undrain: %+v, ran %d", r, ran.Load())
+	}
+}
+
+// The same for a limit lowered while every slot is busy: 2 of 2 running,
+// the limit set to 1, one finishes; nothing new starts until the other
+// does too.
+func TestLimitLoweredWhileEverySlotIsBusyHolds(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = 2
+	first, second := newBlocker(), newBlocker()
+	var ran atomic.Int32
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("first", first.handle)
+		a.Handle("second", second.handle)
+		a.Handle("next", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
+	})
+	defer first.free()
+	defer second.free()
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "first"})
+	b.publish(t, protocol.Task{JobID: "j2", StepID: "s", Action: "second"})
+	first.waitStarted(t)
+	second.waitStarted(t)
+	if r := b.control(t, protocol.Control{Op: protocol.ControlLimit, Value: 1}); !r.OK {
+		t.Fatalf("limit: %+v", r)
+	}
+	b.publish(t, protocol.Task{JobID: "j3", StepID: "s", Action: "next"})
+	first.free()
+	b.result(t, "j1", "s")
+	holdsFor(t, time.Second, "one task runs under a limit of one", func() bool { return ran.Load() == 0 })
+	second.free()
+	if r, _ := b.result(t, "j3", "s"); r.Status != protocol.ResultSucceeded {
+		t.Fatalf("after the limit allowed it: %+v", r)
+	}
+}
+
+// A step cancelled while it waits to run (a suspect waiting to run alone)
+// ends cancelled, unrun. It used to be handed back, and its redelivery,
+// carrying no cancel, ran.
+func TestCancelWhileWaitingToRunReportsCancelledUnrun(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = 2
+	long := newBlocker()
+	var ran atomic.Int32
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("long", long.handle)
+		a.Handle("victim", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
+	})
+	defer long.free()
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
+	long.waitStarted(t)
+	m := b.taskMsg(t, protocol.Task{JobID: "j2", StepID: "s", Action: "victim"})
+	m.Header.Set(protocol.HeaderRecoveries, "1") // a suspect: it waits to run alone
+	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	// Not found until the agent has it in hand.
+	natstest.Eventually(t, 10*time.Second, "the cancel reaches the waiting step", func() bool {
+		return b.control(t, protocol.Control{Op: protocol.ControlCancel, JobID: "j2", StepID: "s", Epoch: 1}).OK
+	})
+	r, _ := b.result(t, "j2", "s")
+	if r.Status != protocol.ResultFailed || !strings.HasPrefix(r.Error, protocol.ErrorCancelled) || ran.Load() != 0 {
+		t.Fatalf("cancelled while waiting: %+v, handler ran %d times", r, ran.Load())
+	}
+}
+
+// A suspect whose step timeout passed while it waited to run alone is not
+// started; its result says the timeout passed. Its handler used to be
+// called with a context already ended, and one that did not look ran.
+func TestHandlerWhoseTimeoutPassedWhileWaitingIsNotStarted(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = 2
+	long := newBlocker()
+	var ran atomic.Int32
+	b := setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("long", long.handle)
+		a.Handle("victim", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
+	})
+	defer long.free()
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
+	long.waitStarted(t)
+	m := b.taskMsg(t, protocol.Task{JobID: "j2", StepID: "s", Action: "victim", Timeout: protocol.Duration(300 * time.Millisecond)})
+	m.Header.Set(protocol.HeaderRecoveries, "1")
+	published := time.Now()
+	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "the step timeout passes", func() bool {
+		return time.Since(published) > 600*time.Millisecond && b.consumerInfo(t).NumAckPending == 2
+	})
+	long.free()
+	r, _ := b.result(t, "j2", "s")
+	if r.Status != protocol.ResultFailed || !strings.Contains(r.Error, agent.ErrDeadline.Error()) || ran.Load() != 0 {
+		t.Fatalf("timed out while waiting: %+v, handler ran %d times", r, ran.Load())
+	}
+}
+
+// A handler that returns its own error once its deadline has ended is
+// reported as having reached it, as the built-in actions are: retries
+// classify the step by that. The wrap was made against the outer context,
+// which never carries the deadline, and never applied.
+func TestHandlerErrorAfterItsDeadlineSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("custom", func(ctx context.Context, _ *agent.Task) (any, error) {
+			<-ctx.Done()
+			return nil, errors.New("gave up")
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "custom", Timeout: protocol.Duration(200 * time.Millisecond)})
+	r, _ := b.result(t, "j1", "s")
+	if r.Status != protocol.ResultFailed || !strings.Contains(r.Error, agent.ErrDeadline.Error()) || !strings.Contains(r.Error, "gave up") {
+		t.Fatalf("result: %+v", r)
+	}
+}
