@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -224,6 +225,49 @@ func TestRecoveryOutlivesAFenceThatFailsForAMoment(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("recovery at shutdown: %v", err)
+	}
+}
+
+// An entry that comes due as a lease end the record does not hold (here
+// an unreadable Warden-Locked-Until header, read as the write time; also a
+// renewal not read yet, or a record without headers that could not be
+// read) releases nothing. It used to leave the index then, and with no
+// later write the step's real lease ended unwatched: dispatched forever.
+// It is now looked at again after the backoff.
+func TestLeaseTheIndexMisreadIsLookedAtAgain(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	ctx := context.Background()
+	p.dispatched(t, "job-m", "a1")
+	st, _, err := p.store.Step(ctx, "job-m", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.LockedUntil = time.Now().Add(time.Second).UTC() // the real lease: a second from now
+	body, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg("$KV." + protocol.BucketJobs + "." + protocol.StepKey("job-m", "s"))
+	m.Data = body
+	m.Header.Set(protocol.HeaderRecordState, string(jobstore.StepDispatched))
+	m.Header.Set(protocol.HeaderRecordLockedUntil, "not a time")
+	if _, err := p.js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	r := &recovery{term: p.term, store: p.store, release: p.rel, adv: p.adv, grace: 200 * time.Millisecond, retry: 50 * time.Millisecond,
+		log: zerolog.Nop(), built: make(chan struct{})}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.run(ctx) }()
+	natstest.Eventually(t, 10*time.Second, "the step released once its real lease ended", func() bool {
+		st, _, err := p.store.Step(context.Background(), "job-m", "s")
+		return err == nil && st.State == jobstore.StepPending && st.Attempts[0].Status == statusLeaseExpired
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("recovery: %v", err)
 	}
 }
 

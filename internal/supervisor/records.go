@@ -131,8 +131,15 @@ func (f *follower) legacy(ctx context.Context, r Record) (Record, bool) {
 		return r, true
 	}
 	if err != nil {
-		f.log.Warn().Err(err).Str("key", r.Key).Msg("record without headers unreadable; it is looked at after the grace")
-		return r, true // State "": unfinished, looked at after the grace
+		// State "": unfinished. A job record is looked at after the grace,
+		// as a stalled job; a step record's lease is unknown, so it is
+		// looked at now (recovery reads it again and, if it holds nothing
+		// to release, looks again after the backoff).
+		f.log.Warn().Err(err).Str("key", r.Key).Msg("record without headers unreadable; recovery looks at it again")
+		if strings.HasPrefix(r.Key, "step.") {
+			r.LockedUntil = r.Written
+		}
+		return r, true
 	}
 	var head recordHead
 	if err := json.Unmarshal(e.Value(), &head); err != nil {

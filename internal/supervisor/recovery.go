@@ -118,7 +118,21 @@ func (r *recovery) handle(ctx context.Context, d Due, now time.Time, asked map[s
 		return false, err
 	}
 	if d.Locked {
-		return false, r.expire(ctx, d, now)
+		released, err := r.expire(ctx, d)
+		if err != nil || released {
+			return false, err
+		}
+		// Nothing to release: the index's lease is not the record's (a
+		// renewal not read yet, an unreadable record or header). The write
+		// that changed it reschedules the entry; if none comes, it is looked
+		// at again after the backoff, and the job is asked about meanwhile,
+		// in case what the index could not read is a step waiting for a
+		// dispatch. Dropping it, as before, left such a record unwatched.
+		if asked[d.Job] {
+			return true, nil
+		}
+		asked[d.Job] = true
+		return true, r.adv.Advance(ctx, d.Job)
 	}
 	if d.Kind != kindAdvance {
 		r.log.Info().Str(logging.FieldJob, d.Job).Str("record", d.Key).Msg("asking a scheduler to advance a stalled job")
@@ -132,16 +146,18 @@ func (r *recovery) handle(ctx context.Context, d Due, now time.Time, asked map[s
 
 // expire releases the steps of a record whose lease has passed (a step
 // record, or a job record holding its steps inline) and asks for the job
-// to be advanced. The records are read through the job store.
-func (r *recovery) expire(ctx context.Context, d Due, now time.Time) error {
+// to be advanced. The records are read through the job store. released
+// says whether any step was taken back; a record that is gone counts as
+// settled.
+func (r *recovery) expire(ctx context.Context, d Due) (released bool, err error) {
 	steps := []string{d.Step}
 	if d.Kind == kindJob {
 		job, _, err := r.store.Job(ctx, d.Job)
 		if errors.Is(err, jobstore.ErrNotFound) {
-			return nil
+			return true, nil
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		steps = steps[:0]
 		for _, sp := range job.Spec.Steps {
@@ -153,12 +169,12 @@ func (r *recovery) expire(ctx context.Context, d Due, now time.Time) error {
 		out, err := r.release.release(ctx, d.Job, id, cause{status: statusLeaseExpired,
 			expired: true, suspect: true})
 		if err != nil {
-			return err
+			return false, err
 		}
 		any = any || out != untouched
 	}
 	if any {
 		r.adv.AdvanceOrRetry(ctx, d.Job)
 	}
-	return nil
+	return any, nil
 }
