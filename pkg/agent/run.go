@@ -63,6 +63,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopMetrics()
 	ctrl, err := a.serveControl()
 	if err != nil {
+		// The member runs detached from ctx (it steps down in the drain
+		// below, which this return skips): stop it, or it would campaign on
+		// and could hold the cluster's lease until the process exits.
+		a.stopCluster()
 		return err
 	}
 	defer func() { _ = ctrl.Unsubscribe() }()
