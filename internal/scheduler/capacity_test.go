@@ -14,6 +14,7 @@ import (
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
 )
 
 // A step that finds every agent at max_concurrent waits: its record says
@@ -130,4 +131,31 @@ func oneSlotAgent(t *testing.T, b *bundle, holdJob string) chan struct{} {
 		return "ok", nil
 	})
 	return release
+}
+
+// Steps that cannot go (here a pool with no agent) do not hold back the
+// job's other ready steps, however many there are. A turn takes a slice of
+// four; those put back went to the front of the ready list, so with four
+// of them the next turn took the same four, the step behind them was never
+// reached, and the worker spun on the job at full speed. Once the agent
+// joins, the blocked steps run too: the end of a round leaves them waiting
+// for an agent, not forgotten.
+func TestBlockedStepsDoNotHoldBackTheRest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	handagent.Start(t, b.js, "default", "a1", nil)
+	b.submitNoReply(t, []byte(`{"name":"x","steps":[
+	 {"id":"n0","action":"echo","pool":"nobody"},
+	 {"id":"n1","action":"echo","pool":"nobody"},
+	 {"id":"n2","action":"echo","pool":"nobody"},
+	 {"id":"n3","action":"echo","pool":"nobody"},
+	 {"id":"n4","action":"echo","pool":"nobody"},
+	 {"id":"ok","action":"echo"}]}`), "job-blocked")
+	natstest.Eventually(t, 10*time.Second, "the step behind five blocked ones succeeds", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-blocked", "ok")
+		return err == nil && st.State == jobstore.StepSucceeded
+	})
+	handagent.Start(t, b.js, "nobody", "n1", nil)
+	b.waitJob(t, "job-blocked", jobstore.JobSucceeded)
 }

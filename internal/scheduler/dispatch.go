@@ -38,7 +38,10 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 	// Fair share: a job of several steps may hold at most a share of the
 	// slots of a pool's agents for an action, so that a fan-out never takes
 	// every slot and a small job submitted beside it starts at once.
-	var held map[string]int
+	var (
+		held      map[string]int
+		saturated []poolAction // at the job's share this turn
+	)
 	shareOf := func(st *jobstore.Step) bool {
 		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
 			return true
@@ -54,13 +57,35 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		k := st.Pool + "\x00" + st.Action
 		limit := max(1, int(float64(w.s.selector.Capacity(st.Pool, st.Action))*w.s.cfg.MaxJobShare))
 		if held[k] >= limit {
+			saturated = append(saturated, poolAction{st.Pool, st.Action})
 			return false
 		}
 		held[k]++
 		return true
 	}
-	for _, i := range js.takeReady(sliceDispatch) {
+	// A turn tries at most sliceDispatch steps. Steps it can put back
+	// without trying (a retry in its backoff, a pool and action at the
+	// job's share already this turn) do not count: a round over a large
+	// fan-out at its share is then one turn, not one per four steps.
+	for tries := 0; tries < sliceDispatch; {
+		i, ok := js.nextReady()
+		if !ok {
+			break
+		}
 		st := js.steps[i]
+		if st.Desired != jobstore.StepCancelled && !st.Expired(now) &&
+			(st.NotBefore.After(now) || st.Agent == "" && st.Cluster == "" && slices.Contains(saturated, poolAction{st.Pool, st.Action})) {
+			w.s.stopWaiting(holderID(st.JobID, st.ID))
+			putBack = append(putBack, i)
+			if st.NotBefore.After(now) {
+				waitAtLeast(st.NotBefore.Sub(now))
+			} else {
+				waitAtLeast(w.s.cfg.CapacityRetry.Std())
+				jt.agentWait = true
+			}
+			continue
+		}
+		tries++
 		holder := holderID(st.JobID, st.ID)
 		if st.Desired == jobstore.StepCancelled {
 			w.s.stopWaiting(holder)
@@ -178,13 +203,24 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		w.log.Debug().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent.ID).
 			Uint64(logging.FieldEpoch, st.Epoch).Int("attempt", st.Attempt).Msg("step dispatched")
 	}
+	// A round tries every ready step once, a slice a turn. Steps put back
+	// wait behind the others until the round ends: put back in front, as
+	// before, four blocked steps were taken again every turn, the steps
+	// behind them never, and the continuation spun at full speed.
+	js.blocked = append(js.blocked, putBack...)
+	if len(putBack) > 0 {
+		if js.blockedWait == 0 || wait < js.blockedWait {
+			js.blockedWait = wait
+		}
+		js.blockedAgent = js.blockedAgent || jt.agentWait
+	}
 	if len(js.ready) > 0 {
 		jt.more = true
+		return
 	}
-	js.ready = append(putBack, js.ready...)
-	if len(putBack) > 0 {
-		jt.wait = wait
-	}
+	js.ready, js.blocked = js.blocked, js.ready[:0]
+	jt.wait, jt.agentWait = js.blockedWait, js.blockedAgent
+	js.blockedWait, js.blockedAgent = 0, false
 }
 
 // cancel carries out a job's desired state cancelled: no step is
@@ -216,8 +252,12 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 			}
 		}
 	}
-	js.ready = js.ready[:0]
+	js.ready, js.blocked = js.ready[:0], js.blocked[:0]
+	js.blockedWait, js.blockedAgent = 0, false
 }
+
+// poolAction keys the job's share of a pool's slots for an action.
+type poolAction struct{ pool, action string }
 
 // forgetArrived forgets the steps a submission registered on arrival
 // (priority.go) that do not wait to be dispatched: its job existed, and

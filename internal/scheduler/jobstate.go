@@ -27,6 +27,14 @@ type jobState struct {
 	// ready holds pending steps whose dependencies all succeeded, in the
 	// order they became ready; dispatching takes from the front.
 	ready []int
+	// blocked holds the ready steps the current dispatch round tried and
+	// could not place (no agent, the job's share, a gate, a backoff), and
+	// blockedWait and blockedAgent what they wait for. The round goes on
+	// to the steps behind them; they are ready again when it ends
+	// (dispatch.go).
+	blocked      []int
+	blockedWait  time.Duration
+	blockedAgent bool
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
@@ -66,6 +74,7 @@ func (js *jobState) index(now time.Time) {
 	js.dependents = make([][]int, n)
 	js.waitingOn = make([]int, n)
 	js.open, js.ready = 0, js.ready[:0]
+	js.blocked, js.blockedWait, js.blockedAgent = js.blocked[:0], 0, false
 	for i, st := range js.steps {
 		for _, d := range st.DependsOn {
 			di, ok := js.byID[d]
@@ -134,17 +143,16 @@ func (js *jobState) skipDependents(i int, now time.Time) {
 	}
 }
 
-// takeReady removes and returns up to n ready steps still pending.
-func (js *jobState) takeReady(n int) []int {
-	var out []int
-	for len(js.ready) > 0 && len(out) < n {
+// nextReady removes and returns the first ready step still pending.
+func (js *jobState) nextReady() (int, bool) {
+	for len(js.ready) > 0 {
 		i := js.ready[0]
 		js.ready = js.ready[1:]
 		if js.steps[i].State == jobstore.StepPending && js.waitingOn[i] == 0 {
-			out = append(out, i)
+			return i, true
 		}
 	}
-	return out
+	return 0, false
 }
 
 // settle records the job state the steps imply once nothing is open, and
