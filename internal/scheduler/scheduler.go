@@ -96,6 +96,14 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return err
 	}
 	s.store = store
+	// The workers exist before anything can route to them or wake them:
+	// the gate_freed subscription (openGates) and the router's and the
+	// presence view's callbacks. A gate_freed that came while they did not
+	// divided by zero workers and crashed the process.
+	s.workers = make([]*worker, s.cfg.Workers)
+	for i := range s.workers {
+		s.workers[i] = newWorker(s)
+	}
 	ops.ServeMicro(ctx, s.nc, ops.ServiceScheduler, s.log) // nats micro ls: warden-scheduler (operator's edit)
 	if err := s.openGates(ctx); err != nil {
 		return err
@@ -113,10 +121,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	s.router = router
 	router.OnChange(s.wakeAll) // a new leader or owner may take a waiting step
-	s.workers = make([]*worker, s.cfg.Workers)
-	for i := range s.workers {
-		s.workers[i] = newWorker(s)
-	}
 	// An agent that appears or changes may take a waiting step.
 	view.OnChange(func(c presence.Change) {
 		if !c.Gone {

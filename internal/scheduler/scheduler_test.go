@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -358,4 +359,27 @@ func TestQuietPartitionKeepsItsOwner(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("8 submit partitions kept their owners for %s (%d checks), pinned_ttl %s", 3*ttl, checks, ttl)
+}
+
+// Another scheduler releasing concurrency slots publishes gate_freed at any
+// moment, including while this one starts. Its subscription routed to the
+// workers before they existed: a division by zero that killed the process.
+func TestGateFreedWhileStartingIsHandled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var sent atomic.Int64
+	go func() {
+		for ctx.Err() == nil {
+			_ = b.nc.Publish(protocol.SubjectControlGateFreed, []byte("job-x"))
+			sent.Add(1)
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	natstest.Eventually(t, 5*time.Second, "gate_freed flowing", func() bool { return sent.Load() > 100 })
+	b.startScheduler(t, scheduler.Config{})
+	b.submitNoReply(t, []byte(`{"name":"g","steps":[{"id":"s","action":"echo"}]}`), "job-g")
+	handagent.Start(t, b.js, "default", "a1", nil)
+	b.waitJob(t, "job-g", jobstore.JobSucceeded)
 }
