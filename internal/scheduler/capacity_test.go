@@ -159,3 +159,47 @@ func TestBlockedStepsDoNotHoldBackTheRest(t *testing.T) {
 	handagent.Start(t, b.js, "nobody", "n1", nil)
 	b.waitJob(t, "job-blocked", jobstore.JobSucceeded)
 }
+
+// A submission rejected before the job's state is read (unparseable, here)
+// that names a job waiting for an agent leaves that job waiting. The turn
+// settled the waiting job's held messages with the bad input's: acked, the
+// waiter dropped, and nothing in the scheduler woke the job again (only a
+// supervisor's recovery, after its grace, would have).
+func TestRejectedSubmissionLeavesAWaitingJobWaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	b.submitNoReply(t, []byte(`{"name":"w","steps":[{"id":"s","action":"echo","pool":"late"}]}`), "job-w")
+	natstest.Eventually(t, 10*time.Second, "the job waits for an agent", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-w", "s")
+		return err == nil && st.State == jobstore.StepPending && st.Waiting != ""
+	})
+	b.submitNoReply(t, []byte(`this is : not [ a spec`), "job-w")
+	natstest.Eventually(t, 10*time.Second, "the bad submission settled", func() bool {
+		return streamMsgs(t, b.js, protocol.StreamSubmit) < 2
+	})
+	if n, pending := streamMsgs(t, b.js, protocol.StreamSubmit), pendingAcks(t, b.js, protocol.StreamSubmit); n != 1 || pending != 1 {
+		t.Fatalf("after the bad submission: %d submissions stored, %d held; want the waiting job's, held", n, pending)
+	}
+	handagent.Start(t, b.js, "late", "l1", nil)
+	b.waitJob(t, "job-w", jobstore.JobSucceeded)
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func pendingAcks(t *testing.T, js jetstream.JetStream, stream string) int {
+	t.Helper()
+	_, pending := consumerTotals(t, js, stream)
+	return pending
+}

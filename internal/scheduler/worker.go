@@ -522,6 +522,18 @@ func (w *worker) finish(jt *jobTurn) {
 				_ = in.req.Respond(protocol.OKReply(""))
 			}
 		}
+		if jt.js == nil && len(in.held) > 0 {
+			// The turn never looked at the job (every input was rejected or
+			// delayed before its state was read): the held messages are the
+			// waiting job's, not this input's, and go back to its waiter.
+			// Settled here, they were acked and the waiter dropped, and
+			// nothing in the scheduler woke the job again.
+			if wt, ok := w.waiting[jt.id]; ok {
+				wt.held = append(wt.held, in.held...)
+				w.waiting[jt.id] = wt
+				in.held = nil
+			}
+		}
 		msgs = append(msgs, in.held...)
 		if in.msg != nil && jt.settle[k].term != "" {
 			_ = in.msg.TermWithReason(jt.settle[k].term)
@@ -571,7 +583,9 @@ func (w *worker) finish(jt *jobTurn) {
 			_ = m.NakWithDelay(jt.wait)
 		}
 	default:
-		delete(w.waiting, jt.id)
+		if jt.js != nil { // else the waiter, if any, is untouched (above)
+			delete(w.waiting, jt.id)
+		}
 		for _, m := range msgs {
 			_ = m.Ack()
 		}
