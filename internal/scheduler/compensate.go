@@ -70,11 +70,10 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 	j.Spec.Steps = append(j.Spec.Steps, specs...)
 	j.State, j.UpdatedAt = jobstore.JobCompensating, now
 	js.dirtyJob = true
-	for k, st := range recs {
+	for _, st := range recs {
 		js.byID[st.ID] = len(js.steps)
 		js.steps = append(js.steps, st)
-		js.revs = append(js.revs, 0)
-		_ = k
+		js.revs = append(js.revs, js.strays[st.ID]) // 0 (create) unless a stray holds the key
 	}
 	js.index(now)
 	for i := j.ForwardSteps; i < len(js.steps); i++ {

@@ -35,6 +35,12 @@ type jobState struct {
 	blocked      []int
 	blockedWait  time.Duration
 	blockedAgent bool
+	// strays are the revisions of step records the spec does not name:
+	// compensation steps whose records landed while the job record that
+	// adds them to the spec did not (its write is the second round).
+	// startCompensation writes over them rather than creating them again,
+	// which failed with "exists" on every reload: the job never moved.
+	strays map[string]uint64
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
@@ -60,6 +66,14 @@ func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
 	for i, st := range js.steps {
 		if st == nil {
 			return nil, fmt.Errorf("job %s: step %s has no record: %w", j.ID, j.Spec.Steps[i].ID, errPartial)
+		}
+	}
+	for id, rev := range snap.Revs {
+		if _, ok := js.byID[id]; !ok && !j.Inline {
+			if js.strays == nil {
+				js.strays = map[string]uint64{}
+			}
+			js.strays[id] = rev
 		}
 	}
 	js.index(now)

@@ -22,6 +22,7 @@ import (
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // runs records what the agents themselves saw: when each execution of a
@@ -448,4 +449,51 @@ func TestCancelWithCompensation(t *testing.T) {
 		t.Fatalf("executions %q", got)
 	}
 	t.Logf("cancelled with compensation: executions %q, job %s (%s)", got, job.State, job.Error)
+}
+
+// Compensation writes the new steps' records (round one), then the job
+// record that adds them to the spec (round two). When round two failed (a
+// lost race with a cancel, a write timeout, a shutdown), every reload
+// planned the compensation again and created the records again: "exists",
+// retried, handed back, forever. The records already there are now
+// written over. Simulated by creating seat's compensation record before
+// the job fails.
+func TestCompensationAfterItsStepRecordsLandedAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	release := make(chan struct{})
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		if task.StepID == "charge" {
+			<-release
+			return nil, agent.Permanent(fmt.Errorf("card declined"))
+		}
+		return "ok", nil
+	})
+	body := `{"name":"trip","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"charge","action":"echo","depends_on":["seat"]}]}`
+	b.submitNoReply(t, []byte(body), "job-stray")
+	natstest.Eventually(t, 10*time.Second, "charge is running", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-stray", "charge")
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	sp, err := spec.Parse([]byte(body), spec.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := sp.Steps[0].CompensationStep()
+	recs, err := jobstore.NewSteps("job-stray", spec.Job{Steps: []spec.Step{cs}}, jobstore.StepDefaults{Timeout: time.Minute}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.CreateStep(context.Background(), recs[0]); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	j := b.waitJob(t, "job-stray", jobstore.JobCompensated)
+	if st, _, err := b.store.Step(context.Background(), "job-stray", "seat_compensate"); err != nil || st.State != jobstore.StepSucceeded || j.ForwardSteps != 2 {
+		t.Fatalf("compensation: %+v %v; job forward steps %d", st, err, j.ForwardSteps)
+	}
 }
