@@ -257,6 +257,9 @@ type jobTurn struct {
 	// landed holds what was written: a step's index, or -1 for the job
 	// record (which holds an inline job's steps).
 	landed map[int]bool
+	// unsure holds the writes whose outcome is unknown (no PubAck in time):
+	// step indexes, or -1 for the job record.
+	unsure map[int]bool
 	// controls are cancel orders to agents, sent after the writes.
 	controls []control
 	replies  []reply
@@ -394,6 +397,15 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
 		if r.Err != nil {
 			if jt.err == nil {
 				jt.err = r.Err
+			}
+			if !errors.Is(r.Err, jobstore.ErrConflict) && !errors.Is(r.Err, jobstore.ErrExists) {
+				// No PubAck in time, or none at all: the write may have
+				// landed. Its step keeps the gates it was admitted with
+				// (releaseAdmitted); their leases free them if it did not.
+				if jt.unsure == nil {
+					jt.unsure = map[int]bool{}
+				}
+				jt.unsure[res.idx] = true
 			}
 			continue
 		}

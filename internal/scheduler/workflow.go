@@ -207,6 +207,14 @@ func (w *worker) releaseAdmitted(jt *jobTurn) {
 		if jt.landed[i] || (jt.js.job.Inline && jt.landed[-1]) {
 			continue
 		}
+		if jt.unsure[i] || (jt.js.job.Inline && jt.unsure[-1]) {
+			// Given back, a dispatch that did land would run without its
+			// slot when its task is published again on the reload, and the
+			// key's limit be exceeded; kept, a slot whose write did not
+			// land is freed by its lease, and the step's retry takes it
+			// again as the same holder.
+			continue
+		}
 		w.giveBack(jt, i)
 	}
 	jt.admitted = nil
