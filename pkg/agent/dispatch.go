@@ -39,7 +39,8 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	recreated := false // the consumer, since the last pull that did not fail
 	for {
 		// Drained by an operator, or over a limit the supervisor lowered.
-		for a.held.Load() || len(slots) >= int(a.limit.Load()) && len(slots) > 0 {
+		// At max_concurrent the send below waits for a free slot itself.
+		for a.held.Load() || a.belowMax(slots) && len(slots) >= int(a.limit.Load()) && len(slots) > 0 {
 			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
 				return
 			}
@@ -255,6 +256,12 @@ func (a *Agent) loopRequest(ctx context.Context) (context.Context, context.Cance
 // cancel before asking this, so one of the two always sees the other.
 func (a *Agent) heldBack(slots chan struct{}) bool {
 	return a.held.Load() || len(slots) > int(a.limit.Load())
+}
+
+// belowMax reports whether the supervisor lowered the limit below the
+// slots there are.
+func (a *Agent) belowMax(slots chan struct{}) bool {
+	return int(a.limit.Load()) < cap(slots)
 }
 
 // stopPull ends the pull request in progress, if any.
