@@ -145,7 +145,12 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 	if !protocol.ValidToken(l.JobID) || !protocol.ValidToken(l.StepID) {
 		return l, &NotRetriableError{ID: id, Subject: l.Subject, Reason: l.Reason}
 	}
-	if err := Reopen(ctx, store, l.JobID, l.StepID, time.Now().UTC()); err != nil {
+	// Only a step still dead-lettered: a letter stays listed after its step
+	// moved on (warden job retry reopened it, it then failed or was
+	// cancelled with its job), and reopening such a step brought a
+	// cancelled job back to running.
+	deadLettered := func(s jobstore.StepState) bool { return s == jobstore.StepDeadLettered }
+	if err := reopen(ctx, store, l.JobID, l.StepID, time.Now().UTC(), deadLettered); err != nil {
 		return l, err
 	}
 	Kick(ctx, q.nc, l.JobID)
@@ -158,15 +163,20 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 // Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
 // attempt budget, and reopens its job and the steps skipped in its wake.
 func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
+	return reopen(ctx, store, jobID, stepID, now, func(s jobstore.StepState) bool {
+		return s == jobstore.StepDeadLettered || s == jobstore.StepFailed || s == jobstore.StepCancelled
+	})
+}
+
+// reopen is Reopen for a step in a state ok accepts.
+func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time, ok func(jobstore.StepState) bool) error {
 	for range 8 {
 		st, rev, err := store.Step(ctx, jobID, stepID)
 		if err != nil {
 			return err
 		}
-		switch st.State {
-		case jobstore.StepDeadLettered, jobstore.StepFailed, jobstore.StepCancelled:
-		default:
-			return fmt.Errorf("%w: step %s.%s is %s, not dead-lettered, failed or cancelled", ErrWrongState, jobID, stepID, st.State)
+		if !ok(st.State) {
+			return fmt.Errorf("%w: step %s.%s is %s", ErrWrongState, jobID, stepID, st.State)
 		}
 		st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
 		st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0

@@ -169,6 +169,35 @@ func TestRetryOfAStepNoLongerDeadLetteredIsRefused(t *testing.T) {
 	}
 }
 
+// A letter outlives its step's dead letter: warden job retry reopens the
+// step without deleting it, and the step may then fail again or be
+// cancelled with its job. Retrying such a letter reopened the step and
+// brought the job back to running; only a step still dead-lettered is.
+func TestRetryOfALetterWhoseStepEndedOtherwiseIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.deadLettered(t, "job-c")
+	st, rev, err := b.store.Step(ctx, "job-c", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.State, st.Desired = jobstore.StepCancelled, jobstore.StepCancelled
+	if _, err := b.store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatal(err)
+	}
+	id := b.letter(t, "job-c", "s", protocol.DLQPoison, `{}`)
+	if _, err := b.q.Retry(ctx, b.store, id); !errors.Is(err, dlq.ErrWrongState) {
+		t.Fatalf("retry of a cancelled step's letter: %v", err)
+	}
+	if st, _, err := b.store.Step(ctx, "job-c", "s"); err != nil || st.State != jobstore.StepCancelled {
+		t.Fatalf("step after a refused retry: %+v %v", st, err)
+	}
+	if job, _, err := b.store.Job(ctx, "job-c"); err != nil || job.State != jobstore.JobFailed {
+		t.Fatalf("job after a refused retry: %+v %v", job, err)
+	}
+}
+
 func TestListGetAndPurge(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

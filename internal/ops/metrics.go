@@ -13,6 +13,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/cluster"
 	"github.com/wardenhq/warden/internal/health"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -286,7 +287,7 @@ func (f *Feed) jobs(ctx context.Context) error {
 		job := parts[1]
 		if parts[0] == "job" {
 			state := h.Get(protocol.HeaderRecordState)
-			if state == "succeeded" || state == "failed" || state == "cancelled" {
+			if jobstore.JobState(state).Terminal() { // expired and compensated too: kept, they leaked
 				delete(created, job)
 				return
 			}
