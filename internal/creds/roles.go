@@ -115,6 +115,9 @@ func Roles(taskShards int) []Role {
 	readData := slices.Concat(base, readKV(protocol.BucketJobs), readKV(protocol.BucketPresence),
 		readKV(protocol.BucketHealth), readKV(protocol.BucketClusters), readStream(protocol.StreamEvents), readStream(protocol.StreamDLQ),
 		readStream(streams.StreamSchedules),
+		// A duplicate submission is checked against the one it repeats
+		// (pkg/client: still queued, a job, or rejected).
+		[]string{msgGet(protocol.StreamSubmit)},
 		// Overviews: stream names, depths, consumers of the task streams.
 		[]string{"$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*"})
 	for _, t := range taskStreams(taskShards) {

@@ -169,6 +169,31 @@ func TestSubmitRejectedByScheduler(t *testing.T) {
 	}
 }
 
+// The same idempotency key again within the stream's 2-minute duplicate
+// window, after the scheduler rejected the first submission: the stream
+// drops it as a duplicate, and it was reported as the existing job though
+// none existed (`warden submit --wait` then followed it for ever). It is
+// the rejection again now.
+func TestResubmissionOfARejectedKeyIsRejected(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answer(t, b, func(m jetstream.Msg) protocol.SubmitReply {
+		return protocol.SubmitReply{JobID: m.Headers().Get(protocol.HeaderJobID), Error: "unknown rate limit \"nightly\""}
+	})
+	withKey := []byte("idempotency_key: release-9\n" + diamond)
+	if _, err := b.client.Submit(ctx(t), withKey, client.SubmitOptions{ReplyTimeout: 10 * time.Second}); !errors.Is(err, client.ErrRejected) {
+		t.Fatalf("first submission: %v", err)
+	}
+	// answer acks the rejected message; the scheduler terminates it: both
+	// remove it from the work queue. Wait for that before resubmitting.
+	natstest.Eventually(t, 10*time.Second, "the rejected submission settled", func() bool { return submitted(t, b.js) == 0 })
+	r, err := b.client.Submit(ctx(t), withKey, client.SubmitOptions{ReplyTimeout: 10 * time.Second})
+	var rej *client.RejectedError
+	if !errors.As(err, &rej) || rej.JobID != protocol.JobIDForKey("release-9") {
+		t.Fatalf("resubmission: %+v %v, want it rejected", r, err)
+	}
+}
+
 func TestSubmitWithoutStreamsFails(t *testing.T) {
 	t.Parallel()
 	srv := natstest.New(t)

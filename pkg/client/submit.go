@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -109,9 +110,10 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 	r.Stream, r.Sequence = ack.Stream, ack.Sequence
 	if ack.Duplicate {
 		// The stream dropped the message: the scheduler will never see it
-		// and so will never reply. The first submission is the job.
+		// and so will never reply. The first submission is the job, unless
+		// the scheduler rejected it.
 		r.Existing = true
-		return r, nil
+		return r, c.duplicateOf(ctx, r.JobID, ack.Sequence)
 	}
 	if o.NoReply {
 		return r, nil
@@ -159,4 +161,35 @@ func waitReply(ctx context.Context, sub *nats.Subscription, timeout time.Duratio
 		}
 		return rep, true, nil
 	}
+}
+
+// duplicateOf checks the submission (stream sequence seq) that a duplicate
+// of job repeats. Within the stream's 2-minute duplicate window a repeat
+// of a rejected submission was dropped all the same and reported as the
+// existing job: no job existed, and `warden submit --wait` followed it for
+// ever. That submission is still queued for a scheduler (on warden.submit,
+// or held on warden.delay until it is due), or the scheduler took it,
+// wrote the job record and only then acked it; if neither the message nor
+// the record is there, it was rejected. A caller that may not read the
+// stream or the job store (the publisher role) gets the old answer.
+func (c *Client) duplicateOf(ctx context.Context, job string, seq uint64) error {
+	s, err := c.js.Stream(ctx, protocol.StreamSubmit)
+	if err != nil {
+		return nil
+	}
+	if _, err := s.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil // still queued, or no answer (no permission)
+	}
+	if _, err := s.GetLastMsgForSubject(ctx, protocol.DelaySubject(job)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	st, err := c.store(ctx)
+	if err != nil {
+		return nil
+	}
+	if _, _, err := st.Job(ctx, job); !errors.Is(err, jobstore.ErrNotFound) {
+		return nil
+	}
+	return &RejectedError{JobID: job, Reason: "an earlier submission with this id or idempotency key was rejected, " +
+		"and the server drops repeats of it for its 2-minute duplicate window: resubmit after it, or with another key"}
 }
