@@ -60,7 +60,13 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 
 	pctx, stop := a.perm.bind(ctx)
 	defer stop()
-	rctx, cancel := context.WithTimeout(pctx, a.timeout+5*time.Second)
+	// --timeout 0 (no bound elsewhere) leaves the reply wait at the
+	// client's default, and this bound must outlast it.
+	bound := a.timeout
+	if bound <= 0 {
+		bound = client.DefaultReplyTimeout
+	}
+	rctx, cancel := context.WithTimeout(pctx, bound+5*time.Second)
 	defer cancel()
 	receipt, err := c.Submit(rctx, body, client.SubmitOptions{})
 	if err != nil {

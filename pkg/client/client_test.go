@@ -194,6 +194,24 @@ func TestResubmissionOfARejectedKeyIsRejected(t *testing.T) {
 	}
 }
 
+// No scheduler answers, and the caller's deadline is shorter than the
+// reply timeout: the job is accepted all the same (the PubAck), so Submit
+// returns its receipt, unconfirmed, before the deadline instead of an
+// error.
+func TestSubmitReturnsTheReceiptBeforeTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := b.client.Submit(c, []byte(diamond), client.SubmitOptions{ReplyTimeout: 10 * time.Second})
+	if err != nil || r.Confirmed || r.JobID == "" || r.Sequence == 0 {
+		t.Fatalf("receipt %+v, err %v; want the unconfirmed receipt", r, err)
+	}
+	if c.Err() != nil {
+		t.Fatalf("returned after the deadline")
+	}
+}
+
 func TestSubmitWithoutStreamsFails(t *testing.T) {
 	t.Parallel()
 	srv := natstest.New(t)

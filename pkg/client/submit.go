@@ -123,6 +123,14 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 	if timeout <= 0 {
 		timeout = c.opts.ReplyTimeout
 	}
+	if dl, ok := ctx.Deadline(); ok {
+		// The job is accepted: the wait for its confirmation ends in time to
+		// return the receipt before the caller's deadline. It used to run
+		// into it and report an accepted job as an error (an API with a
+		// request_timeout under the reply timeout answered 504, and a
+		// retry without a key ran the job twice).
+		timeout = min(timeout, max(time.Until(dl)-replyMargin, 0))
+	}
 	reply, ok, err := waitReply(ctx, sub, timeout)
 	if err != nil || !ok {
 		// The job is durably accepted; only the confirmation is missing.
@@ -138,6 +146,9 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 	r.Confirmed = true
 	return r, nil
 }
+
+// replyMargin is what Submit leaves of the caller's deadline to return.
+const replyMargin = 250 * time.Millisecond
 
 // waitReply waits up to timeout for a SubmitReply. ok is false when none
 // came in time; err is set only when the caller's ctx ended, since that is a
