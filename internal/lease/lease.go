@@ -110,12 +110,20 @@ func (e *Elector) campaign(ctx context.Context) (uint64, error) {
 	retry := time.NewTimer(0)
 	defer retry.Stop()
 	logged := false
+	updates := w.Updates()
 	for {
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-retry.C:
-		case u := <-w.Updates():
+		case u, ok := <-updates:
+			if !ok {
+				// The watch ended (its connection closed): a closed channel
+				// is always ready and the loop spun a core. The timer
+				// campaigns from now on.
+				updates = nil
+				continue
+			}
 			if u == nil || u.Operation() == jetstream.KeyValuePut {
 				continue
 			}
