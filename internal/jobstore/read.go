@@ -3,6 +3,7 @@ package jobstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -124,17 +125,57 @@ func toEntry(m *nats.Msg) (entry, bool, error) {
 // (nats-server's maxAllowedResponses).
 const maxBatchRecords = 1024
 
+// pageBytes bounds one reply of a batched get. The server's own bound is
+// its max_pending (64 MiB), the same as a client connection's outbound
+// buffer: a reply that size made the server drop the connection's
+// messages as a slow consumer, the end-of-batch marker with them, and the
+// read waited for its deadline. A thousand ordinary records are about 1 MiB.
+const pageBytes = 8 << 20
+
+// errTooManyKeys: the filters match more keys than one batched direct get
+// may return (the server answers 413).
+var errTooManyKeys = errors.New("more keys than a batched get returns")
+
 // multiLast reads the latest record of every key matching the filters
-// (wildcards allowed; at most 1,024 keys) in one request: the server's
-// batched direct get (multi_last, nats-server ≥ 2.11).
+// (wildcards allowed) as of one point of the stream: the server's batched
+// direct get (multi_last, nats-server ≥ 2.11). A reply ends after
+// pageBytes (about 32 steps with 256 KiB outputs); the read goes on from
+// the next sequence up to the same sequence, so it stays one point in time. More than 1,024 keys (a job of
+// more steps, or compensation added to a large one) cannot be read that
+// way at all; they are read with a consumer (lastByConsumer).
 func (s *Store) multiLast(ctx context.Context, keys []string) (map[string]entry, error) {
 	filters := make([]string, len(keys))
 	for i, k := range keys {
 		filters[i] = kvPrefix + k
 	}
+	out := make(map[string]entry)
+	var from, upTo uint64
+	for {
+		more, last, up, err := s.multiLastPage(ctx, filters, from, upTo, out)
+		if errors.Is(err, errTooManyKeys) {
+			return s.lastByConsumer(ctx, filters)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %v: %w", keys, err)
+		}
+		if !more {
+			return out, nil
+		}
+		from, upTo = last+1, up
+	}
+}
+
+// multiLastPage asks for one reply of a batched get (from the stream
+// sequence from up to upTo; zero: from the start, up to the last) and adds
+// its records to out. more says the server stopped before the end; last
+// and up are where to go on from and up to.
+func (s *Store) multiLastPage(ctx context.Context, filters []string, from, upTo uint64, out map[string]entry) (more bool, last, up uint64, err error) {
 	req, _ := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
-	}{filters})
+		Seq       uint64   `json:"seq,omitempty"`
+		UpToSeq   uint64   `json:"up_to_seq,omitempty"`
+		MaxBytes  int      `json:"max_bytes"`
+	}{filters, from, upTo, pageBytes})
 	inbox := s.nc.NewRespInbox()
 	// A channel sized for the largest batch (a message per record and the
 	// end-of-batch marker): SubscribeSync would allocate its default
@@ -143,35 +184,95 @@ func (s *Store) multiLast(ctx context.Context, keys []string) (map[string]entry,
 	replies := make(chan *nats.Msg, maxBatchRecords+2)
 	sub, err := s.nc.ChanSubscribe(inbox, replies)
 	if err != nil {
-		return nil, fmt.Errorf("read %v: %w", keys, err)
+		return false, 0, 0, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := s.nc.PublishRequest("$JS.API.DIRECT.GET."+s.stream, inbox, req); err != nil {
-		return nil, fmt.Errorf("read %v: %w", keys, err)
+		return false, 0, 0, err
 	}
-	out := make(map[string]entry)
+	got := 0
 	for {
 		var m *nats.Msg
 		select {
 		case m = <-replies:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("read %v: %w", keys, ctx.Err())
+			return false, 0, 0, ctx.Err()
 		}
 		switch st := m.Header.Get("Status"); st {
 		case "":
 		case "204": // end of batch
-			return out, nil
+			np, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+			last, _ = strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
+			up, _ = strconv.ParseUint(m.Header.Get("Nats-UpTo-Sequence"), 10, 64)
+			if np > 0 && (last == 0 || up == 0) {
+				return false, 0, 0, fmt.Errorf("batch ended with %d pending and no position to go on from", np)
+			}
+			return np > 0, last, up, nil
 		case "404":
-			return out, nil
+			if got > 0 {
+				// A record the server had resolved failed to load.
+				return false, 0, 0, fmt.Errorf("batch cut short after %d records: %s %s", got, st, m.Header.Get("Description"))
+			}
+			return false, 0, 0, nil // no such key
+		case "413":
+			return false, 0, 0, errTooManyKeys
 		default:
-			return nil, fmt.Errorf("read %v: status %s %s", keys, st, m.Header.Get("Description"))
+			return false, 0, 0, fmt.Errorf("status %s %s", st, m.Header.Get("Description"))
 		}
+		got++
 		e, ok, err := toEntry(m)
 		if err != nil {
-			return nil, fmt.Errorf("read %v: %w", keys, err)
+			return false, 0, 0, err
 		}
 		if ok {
 			out[e.key] = e
+		}
+	}
+}
+
+// lastByConsumer reads the latest record of every key matching the
+// filters with an ordered consumer (the last message of each subject, then
+// what is written meanwhile, until none is pending). Not one point of the
+// stream as a batched get is: a record written during the read is read at
+// its newest, which the revisions of later compare-and-set writes check.
+func (s *Store) lastByConsumer(ctx context.Context, filters []string) (map[string]entry, error) {
+	cons, err := s.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %v: %w", filters, err)
+	}
+	out := make(map[string]entry)
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		return out, nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("read %v: %w", filters, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("read %v: %w", filters, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("read %v: %w", filters, err)
+		}
+		key := strings.TrimPrefix(m.Subject(), kvPrefix)
+		if Removed(m.Headers()) {
+			delete(out, key)
+		} else {
+			out[key] = entry{key: key, rev: md.Sequence.Stream, data: m.Data()}
+		}
+		if md.NumPending == 0 {
+			return out, nil
 		}
 	}
 }

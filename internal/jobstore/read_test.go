@@ -1,0 +1,88 @@
+package jobstore_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/streams"
+)
+
+// storeJob writes a job of n steps, each step record carrying output bytes
+// of output, and returns the store.
+func storeJob(t *testing.T, id string, n, output int) *jobstore.Store {
+	t.Helper()
+	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx := testCtx(t)
+	st, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec.Job{Name: "big"}
+	for i := range n {
+		sp.Steps = append(sp.Steps, spec.Step{ID: fmt.Sprintf("s%04d", i), Action: "echo"})
+	}
+	now := time.Now().UTC()
+	j := jobstore.NewJob(id, sp, now)
+	if _, err := st.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := json.RawMessage(`"` + strings.Repeat("x", output) + `"`)
+	for start := 0; start < len(steps); start += 200 {
+		b := st.Batch()
+		for _, s := range steps[start:min(start+200, len(steps))] {
+			if output > 0 {
+				s.Output = out
+			}
+			b.Add(st.StepWrite(s, 0))
+		}
+		for _, r := range b.Wait(ctx) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+	return st
+}
+
+// A job of more step records than one batched direct get returns (1,024:
+// the server answers 413) could not be loaded at all: it worked while
+// cached, and every reload failed. Compensation appends steps to a job of
+// the default 1,000.
+func TestLoadReadsMoreStepsThanOneBatchedGetReturns(t *testing.T) {
+	t.Parallel()
+	st := storeJob(t, "job-wide", 1100, 0)
+	snap, err := st.Load(testCtx(t), "job-wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Steps) != 1100 || snap.Steps[0].ID != "s0000" || snap.Steps[1099].ID != "s1099" || snap.Revs["s0500"] == 0 {
+		t.Fatalf("loaded %d steps", len(snap.Steps))
+	}
+}
+
+// nats-server ends a batched get's reply at its max_pending bytes (64 MiB
+// by default) and says how many records are pending; the read took the
+// reply as complete and returned part of the job, which the scheduler then
+// took for a job whose other steps were never created. It goes on from
+// where the reply stopped.
+func TestLoadGoesOnWhereTheServerEndedAReply(t *testing.T) {
+	t.Parallel()
+	st := storeJob(t, "job-heavy", 80, 1000*1000)
+	snap, err := st.Load(testCtx(t), "job-heavy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Steps) != 80 {
+		t.Fatalf("loaded %d of 80 steps", len(snap.Steps))
+	}
+}
