@@ -2,6 +2,7 @@ package jobstore_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -84,5 +85,50 @@ func TestLoadGoesOnWhereTheServerEndedAReply(t *testing.T) {
 	}
 	if len(snap.Steps) != 80 {
 		t.Fatalf("loaded %d of 80 steps", len(snap.Steps))
+	}
+}
+
+// A record removed (by hand here; by the retention's TTL, whose marker the
+// server keeps an hour) leaves a marker as its key's last message. Creating
+// the key again expected no message at all and failed with "exists" while
+// every read said there was no record: the scheduler's "gone now, create
+// it again" went round until the marker went. Both the single and the
+// pipelined create now write over it.
+func TestCreateOverARemovedRecord(t *testing.T) {
+	t.Parallel()
+	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx := testCtx(t)
+	st, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec.Job{Name: "again", Steps: []spec.Step{{ID: "a", Action: "echo"}}}
+	for _, id := range []string{"job-one", "job-batch"} {
+		if _, err := st.CreateJob(ctx, jobstore.NewJob(id, sp, time.Now().UTC())); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.KV().Delete(ctx, "job."+id); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.Job(ctx, id); !errors.Is(err, jobstore.ErrNotFound) {
+			t.Fatalf("%s after delete: %v", id, err)
+		}
+	}
+	if _, err := st.CreateJob(ctx, jobstore.NewJob("job-one", sp, time.Now().UTC())); err != nil {
+		t.Fatalf("create over the marker: %v", err)
+	}
+	b := st.Batch()
+	b.Add(st.JobWrite(jobstore.NewJob("job-batch", sp, time.Now().UTC()), 0))
+	if r := b.Wait(ctx)[0]; r.Err != nil || r.Rev == 0 {
+		t.Fatalf("pipelined create over the marker: %+v", r)
+	}
+	for _, id := range []string{"job-one", "job-batch"} {
+		if j, _, err := st.Job(ctx, id); err != nil || j.ID != id {
+			t.Fatalf("%s created again: %+v %v", id, j, err)
+		}
+	}
+	// A create over a live record still fails.
+	if _, err := st.CreateJob(ctx, jobstore.NewJob("job-one", sp, time.Now().UTC())); !errors.Is(err, jobstore.ErrExists) {
+		t.Fatalf("create over a live record: %v", err)
 	}
 }

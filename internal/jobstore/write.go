@@ -85,9 +85,43 @@ func (s *Store) setTTL(m *nats.Msg) {
 func (s *Store) write(ctx context.Context, w Write) (uint64, error) {
 	ack, err := s.js.PublishMsg(ctx, w.Msg)
 	if err != nil {
-		return 0, writeError(w, err)
+		err = writeError(w, err)
+		if rev, ok := s.createOverMarker(ctx, w, err); ok {
+			return rev, nil
+		}
+		return 0, err
 	}
 	return ack.Sequence, nil
+}
+
+// createOverMarker writes again a create (w, which failed with err) that
+// found its key's last message a removal marker: a record the retention's
+// TTL expired (the server keeps the marker an hour) or one deleted by hand
+// (kept until purged). A create expects no message at all, so it failed
+// with ErrExists, while every read said there was no record: the
+// scheduler's "gone now, create it again" went round for as long as the
+// marker stayed. The marker is the key's last revision; the create is
+// written at it, as nats.go's KeyValue.Create does.
+func (s *Store) createOverMarker(ctx context.Context, w Write, err error) (uint64, bool) {
+	if w.Rev != 0 || !errors.Is(err, ErrExists) {
+		return 0, false
+	}
+	m, gerr := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+s.stream+"."+kvPrefix+w.Key, nil)
+	if gerr != nil || m.Header.Get("Status") != "" || !Removed(m.Header) {
+		return 0, false
+	}
+	seq := m.Header.Get("Nats-Sequence")
+	again := nats.NewMsg(w.Msg.Subject)
+	again.Data = w.Msg.Data
+	for k, v := range w.Msg.Header {
+		again.Header[k] = v
+	}
+	again.Header.Set(headerExpectedLastSubjSeq, seq)
+	ack, perr := s.js.PublishMsg(ctx, again)
+	if perr != nil {
+		return 0, false
+	}
+	return ack.Sequence, true
 }
 
 // writeError maps a failed write: a lost compare-and-set is ErrExists for
@@ -152,6 +186,9 @@ func (b *Batch) Wait(ctx context.Context) []Result {
 			out[i].Rev = ack.Sequence
 		case err := <-f.Err():
 			out[i].Err = writeError(b.writes[i], err)
+			if rev, ok := b.s.createOverMarker(ctx, b.writes[i], out[i].Err); ok {
+				out[i] = Result{Rev: rev}
+			}
 		case <-ctx.Done():
 			out[i].Err = writeError(b.writes[i], ctx.Err())
 		}
