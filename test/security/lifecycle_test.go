@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/wardenhq/warden/internal/creds"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/test/procs"
 )
@@ -194,6 +195,23 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 	}
 	if out := d.must(t, creds.RoleReadonly, "dlq", "ls"); !strings.Contains(out, bad) {
 		t.Fatalf("dlq ls does not list the letter:\n%s", out)
+	}
+	// The step failed and is not dead-lettered: its letter is refused as a
+	// usage error. Parked as the supervisor parks it, it is retried.
+	if _, errOut, code := d.cli(t, creds.RoleAdmin, "dlq", "retry", fmt.Sprint(ack.Sequence)); code != 2 {
+		t.Fatalf("dlq retry of a letter whose step is not dead-lettered: exit %d\n%s", code, errOut)
+	}
+	store, err := jobstore.Open(ctx, sv.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, rev, err := store.Step(ctx, bad, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.DeadLetter("delivered 5 times", time.Now().UTC())
+	if _, err := store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatalf("park the step: %v", err)
 	}
 	d.must(t, creds.RoleAdmin, "dlq", "retry", fmt.Sprint(ack.Sequence))
 	d.waitJob(t, bad, 60*time.Second, "failed")
