@@ -182,10 +182,14 @@ func (s *Store) readPage(ctx context.Context, sel []JobEntry, out []ListedJob) e
 	return errors.Join(errs...)
 }
 
+// maxScanExtra is the least a scan reads past the stream's last write at
+// its start (see ScanJobs); it reads as many as it has jobs if more.
+const maxScanExtra = 10_000
+
 // ScanJobs returns an entry for every job in the store, in no particular
 // order, reading record headers only (see the comment at the top of this
-// file). It reads what was stored when it started; later writes may or may
-// not be seen.
+// file). It reads what was stored when it started and what was written
+// while it read, each job once at its newest.
 func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntry, error) {
 	stream := "KV_" + s.kv.Bucket()
 	st, err := js.Stream(ctx, stream)
@@ -228,6 +232,8 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 
 	var out []JobEntry
 	var legacy []string
+	at := map[string]int{} // index in out of a job already read
+	extra := 0             // writes read past the last at the start
 	prefix := "$KV." + s.kv.Bucket() + ".job."
 	for {
 		m, err := it.Next()
@@ -242,16 +248,30 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 			return nil, fmt.Errorf("list jobs: %w", err)
 		}
 		h := m.Headers()
-		if !Removed(h) {
-			id := strings.TrimPrefix(m.Subject(), prefix)
+		id := strings.TrimPrefix(m.Subject(), prefix)
+		if i, seen := at[id]; seen {
+			// Rewritten during the scan: the newer write replaces it.
+			if e, ok := entryFromHeaders(id, h, md); ok && !Removed(h) {
+				out[i] = e
+			}
+		} else if !Removed(h) {
 			e, ok := entryFromHeaders(id, h, md)
 			if ok {
+				at[id] = len(out)
 				out = append(out, e)
 			} else {
 				legacy = append(legacy, id)
 			}
 		}
-		if md.NumPending == 0 || md.Sequence.Stream >= last {
+		// Read on past the stream's last write at the start until caught up:
+		// a job rewritten during the scan lost its old record (history 1)
+		// before the scan reached it, and its new one is past that point.
+		// Stopping there left such jobs out (2956-2997 of 3000 with 200
+		// being updated). Bounded, so a scan under heavy writes still ends.
+		if md.Sequence.Stream > last {
+			extra++
+		}
+		if md.NumPending == 0 || extra > max(maxScanExtra, len(out)) {
 			break
 		}
 	}
