@@ -116,14 +116,19 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 		if err != nil {
 			return nil, 0, fmt.Errorf("decode %s: %w", protocol.JobKey(job), err)
 		}
-		if st := j.Step(step); st != nil && j.Inline {
-			return st, e.rev, nil
+		if j.Inline {
+			if st := j.Step(step); st != nil {
+				return st, e.rev, nil
+			}
+			return nil, 0, fmt.Errorf("get %s: %w", protocol.StepKey(job, step), ErrNotFound) // the job has no such step
 		}
+		// A replica may hold the job record and not yet the step's.
+		return nil, 0, s.missing(ctx, protocol.StepKey(job, step))
 	}
-	if _, ok := got[protocol.JobKey(job)]; ok {
-		return nil, 0, fmt.Errorf("get %s: %w", protocol.StepKey(job, step), ErrNotFound) // the job has no such step
-	}
-	return nil, 0, s.missing(ctx, protocol.StepKey(job, step))
+	// Neither record here: the leader is asked about the job's, which every
+	// job has (an inline job has no step record to ask about, and asking
+	// for one said "not found" for a job a lagging replica had not stored).
+	return nil, 0, s.missing(ctx, protocol.JobKey(job))
 }
 
 // UpdateStep writes st if its record is still at rev; ErrConflict otherwise.
