@@ -176,26 +176,13 @@ func TestRejectedSubmissionLeavesAWaitingJobWaiting(t *testing.T) {
 	})
 	b.submitNoReply(t, []byte(`this is : not [ a spec`), "job-w")
 	natstest.Eventually(t, 10*time.Second, "the bad submission settled", func() bool {
-		return streamMsgs(t, b.js, protocol.StreamSubmit) < 2
+		return pending(t, b.js, protocol.StreamSubmit) < 2
 	})
-	if n, pending := streamMsgs(t, b.js, protocol.StreamSubmit), pendingAcks(t, b.js, protocol.StreamSubmit); n != 1 || pending != 1 {
+	if n, pending := pending(t, b.js, protocol.StreamSubmit), pendingAcks(t, b.js, protocol.StreamSubmit); n != 1 || pending != 1 {
 		t.Fatalf("after the bad submission: %d submissions stored, %d held; want the waiting job's, held", n, pending)
 	}
 	handagent.Start(t, b.js, "late", "l1", nil)
 	b.waitJob(t, "job-w", jobstore.JobSucceeded)
-}
-
-func streamMsgs(t *testing.T, js jetstream.JetStream, name string) uint64 {
-	t.Helper()
-	s, err := js.Stream(context.Background(), name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
 }
 
 func pendingAcks(t *testing.T, js jetstream.JetStream, stream string) int {

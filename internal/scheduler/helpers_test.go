@@ -115,8 +115,8 @@ func (b *bundle) waitJob(t *testing.T, id string, want jobstore.JobState) *jobst
 	return job
 }
 
-// streamMsgs counts messages stored on a stream's subject filter so far
-// (work-queue streams delete acked messages, so use LastSeq).
+// lastSeq counts the messages a stream has stored so far (work-queue
+// streams delete acked ones, so Msgs would not).
 func lastSeq(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	t.Helper()
 	s, err := js.Stream(context.Background(), stream)

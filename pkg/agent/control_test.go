@@ -74,23 +74,31 @@ func (b *blocker) waitStarted(t *testing.T) {
 	}
 }
 
+// busyAgent starts an agent of max slots running one task that blocks
+// (j1/s, action long) until free, and counts the runs of action other.
+// Callers defer long.free() (see blocker).
+func busyAgent(t *testing.T, max int, other string) (b *bundle, long *blocker, ran *atomic.Int32) {
+	t.Helper()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = max
+	long, ran = newBlocker(), new(atomic.Int32)
+	b = setup(t, cfg, func(a *agent.Agent) {
+		a.Handle("long", long.handle)
+		a.Handle(other, func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
+	long.waitStarted(t)
+	return b, long, ran
+}
+
 // A drain that arrives while every slot is busy holds: the dispatcher was
 // already waiting for a slot when it came, and used to pull as soon as one
 // freed, so the agents the supervisor drains (overloaded, unhealthy) took
 // new work all the same.
 func TestDrainWhileEverySlotIsBusyTakesNothingNew(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig("a1")
-	cfg.MaxConcurrent = 1
-	long := newBlocker()
-	var ran atomic.Int32
-	b := setup(t, cfg, func(a *agent.Agent) {
-		a.Handle("long", long.handle)
-		a.Handle("next", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
-	})
+	b, long, ran := busyAgent(t, 1, "next")
 	defer long.free()
-	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
-	long.waitStarted(t)
 	if r := b.control(t, protocol.Control{Op: protocol.ControlDrain}); !r.OK {
 		t.Fatalf("drain: %+v", r)
 	}
@@ -149,17 +157,8 @@ func TestLimitLoweredWhileEverySlotIsBusyHolds(t *testing.T) {
 // carrying no cancel, ran.
 func TestCancelWhileWaitingToRunReportsCancelledUnrun(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig("a1")
-	cfg.MaxConcurrent = 2
-	long := newBlocker()
-	var ran atomic.Int32
-	b := setup(t, cfg, func(a *agent.Agent) {
-		a.Handle("long", long.handle)
-		a.Handle("victim", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
-	})
+	b, long, ran := busyAgent(t, 2, "victim")
 	defer long.free()
-	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
-	long.waitStarted(t)
 	m := b.taskMsg(t, protocol.Task{JobID: "j2", StepID: "s", Action: "victim"})
 	m.Header.Set(protocol.HeaderRecoveries, "1") // a suspect: it waits to run alone
 	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
@@ -180,17 +179,8 @@ func TestCancelWhileWaitingToRunReportsCancelledUnrun(t *testing.T) {
 // called with a context already ended, and one that did not look ran.
 func TestHandlerWhoseTimeoutPassedWhileWaitingIsNotStarted(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig("a1")
-	cfg.MaxConcurrent = 2
-	long := newBlocker()
-	var ran atomic.Int32
-	b := setup(t, cfg, func(a *agent.Agent) {
-		a.Handle("long", long.handle)
-		a.Handle("victim", func(context.Context, *agent.Task) (any, error) { ran.Add(1); return "ran", nil })
-	})
+	b, long, ran := busyAgent(t, 2, "victim")
 	defer long.free()
-	b.publish(t, protocol.Task{JobID: "j1", StepID: "s", Action: "long"})
-	long.waitStarted(t)
 	m := b.taskMsg(t, protocol.Task{JobID: "j2", StepID: "s", Action: "victim", Timeout: protocol.Duration(300 * time.Millisecond)})
 	m.Header.Set(protocol.HeaderRecoveries, "1")
 	published := time.Now()
