@@ -203,11 +203,19 @@ func reopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 			return err
 		}
 		for _, s := range steps {
-			if s.State != jobstore.StepSkipped {
+			switch {
+			case s.State == jobstore.StepSkipped:
+				// Evaluate skips it again if another dependency still failed.
+				s.State, s.FinishedAt, s.LastError, s.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
+			case s.State.Terminal() && !job.Inline:
+				// Written as it is, for its retention TTL to run from now: it
+				// ran from when the step ended, and a job reopened near its
+				// retention lost its succeeded steps' records while it ran
+				// again (the scheduler then took them for steps never
+				// created, and ran them again).
+			default:
 				continue
 			}
-			// Evaluate skips it again if another dependency still failed.
-			s.State, s.FinishedAt, s.LastError, s.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
 			if _, err := store.UpdateStep(ctx, s.Step, s.Revision); err != nil && !errors.Is(err, jobstore.ErrConflict) {
 				return err
 			}

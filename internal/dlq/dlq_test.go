@@ -198,6 +198,53 @@ func TestRetryOfALetterWhoseStepEndedOtherwiseIsRefused(t *testing.T) {
 	}
 }
 
+// A step record's retention TTL runs from when the step ended, while its
+// job may run again: reopened (dlq retry, job retry) near the end of its
+// retention, the job lost its succeeded steps' records mid-run. Reopening
+// writes them again, so their retention runs from then. Retention 3 s
+// here; a job stored beside it, not reopened, shows when the old TTL ends.
+func TestReopenRenewsTheRetentionOfTheJobsEndedSteps(t *testing.T) {
+	t.Parallel()
+	_, _, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js, jobstore.WithRetention(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo", DependsOn: []string{"a"}}}}
+	start := time.Now()
+	for _, id := range []string{"job-reopened", "job-beside"} {
+		now := time.Now().UTC()
+		job := jobstore.NewJob(id, sp, now)
+		job.State, job.FinishedAt = jobstore.JobFailed, now
+		steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, now
+		steps[1].Fail("boom", now)
+		if _, err := store.CreateJob(ctx, job); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range steps {
+			if _, err := store.CreateStep(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	natstest.Eventually(t, 10*time.Second, "half the retention passed", func() bool { return time.Since(start) > 1500*time.Millisecond })
+	if err := dlq.Reopen(ctx, store, "job-reopened", "b", time.Now().UTC()); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 20*time.Second, "the job beside lost its step record", func() bool {
+		_, _, err := store.Step(ctx, "job-beside", "a")
+		return errors.Is(err, jobstore.ErrNotFound)
+	})
+	if st, _, err := store.Step(ctx, "job-reopened", "a"); err != nil || st.State != jobstore.StepSucceeded {
+		t.Fatalf("the reopened job's succeeded step: %+v %v", st, err)
+	}
+}
+
 func TestListGetAndPurge(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
