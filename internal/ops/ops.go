@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -150,6 +151,13 @@ func (o *Ops) agentRequest(ctx context.Context, pool, agent string, c protocol.C
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	m, err := o.nc.RequestWithContext(rctx, protocol.AgentControlSubject(pool, agent), b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// Nobody listens: an agent that is not there is "not found" (exit
+		// 3, as the HTTP route answers 404), not NATS being down (exit 4).
+		if _, aerr := o.Agent(ctx, pool, agent); CodeOf(aerr) == CodeNotFound {
+			return aerr
+		}
+	}
 	if err != nil {
 		return &Error{Code: CodeUnavailable, Msg: fmt.Sprintf("agent %s.%s did not answer", pool, agent), Err: err}
 	}

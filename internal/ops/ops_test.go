@@ -233,3 +233,20 @@ func TestQueuesCountTasksNotTheAnchor(t *testing.T) {
 		t.Fatalf("queues %+v: want one stream with 3 tasks for 2 agents", q)
 	}
 }
+
+// warden agent drain of an agent that is not there said NATS did not
+// answer (exit 4) where the HTTP route says 404 (exit 3): it is not found.
+func TestControlOfAnAbsentAgentIsNotFound(t *testing.T) {
+	t.Parallel()
+	_, nc, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ops.New(nc, store).DrainAgent(ctx, "default", "gone")
+	if c := ops.CodeOf(err); c != ops.CodeNotFound || c.ExitCode() != 3 {
+		t.Fatalf("drain of an absent agent: %v (%s)", err, c)
+	}
+}
