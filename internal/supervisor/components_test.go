@@ -271,6 +271,37 @@ func TestLeaseTheIndexMisreadIsLookedAtAgain(t *testing.T) {
 	}
 }
 
+// A max-deliveries advisory for a task whose step is back to pending at
+// the same epoch (released after its lease, or reopened by an operator,
+// not dispatched again yet) is about a stale task: the task is deleted and
+// the step left to be dispatched. It used to be parked in the DLQ.
+func TestExhaustedTaskOfAReleasedStepIsStale(t *testing.T) {
+	t.Parallel()
+	p := newParts(t)
+	ctx := context.Background()
+	queue, seq := p.dispatched(t, "job-x", "a1")
+	if out, err := p.rel.release(ctx, "job-x", "s", cause{status: statusLeaseExpired, expired: true}); err != nil || out != requeued {
+		t.Fatalf("release: %v %v", out, err)
+	}
+	raw, err := queue.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.rel.dead.exhausted(ctx, advisory{Stream: queue.CachedInfo().Config.Name, Consumer: "a1", StreamSeq: seq, Deliveries: 5}, raw); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := p.store.Step(ctx, "job-x", "s")
+	if err != nil || st.State != jobstore.StepPending {
+		t.Fatalf("step after a stale advisory: %+v %v", st, err)
+	}
+	if _, err := queue.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("stale task still queued: %v", err)
+	}
+	if n := p.msgs(t, protocol.StreamDLQ); n != 0 {
+		t.Fatalf("%d dead letters for a stale task", n)
+	}
+}
+
 // Poison: a step taken back from its agents poison_threshold times is
 // parked in the dead-letter stream with its task, not released again.
 func TestReleaserParksPoison(t *testing.T) {

@@ -141,9 +141,13 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 		if err != nil && !errors.Is(err, jobstore.ErrNotFound) {
 			return err
 		}
-		if err != nil || st.Epoch != epoch || st.State.Terminal() {
+		if err != nil || st.Epoch != epoch || st.State != jobstore.StepDispatched {
 			// The step moved on (or never existed): this copy of its task
 			// is stale, and the DLQ holds only steps that need an operator.
+			// A step back to pending keeps its epoch until it is dispatched
+			// again (a release, an operator's retry): parking it for its
+			// old task's deliveries, as when only terminal steps counted as
+			// moved on, dead-lettered a step just reopened.
 			d.log.Info().Str(logging.FieldJob, job).Str(logging.FieldStep, step).Str("detail", detail).
 				Msg("deleting a stale task that exhausted its deliveries")
 			return d.deleteTask(ctx, adv.Stream, raw.Sequence)
