@@ -174,24 +174,40 @@ func (c cron) dayMatches(t time.Time) bool {
 
 // Next walks forward field by field (the classic approach); it gives up
 // after five years, returning the zero time, for expressions like Feb 30.
+//
+// Every step moves t forward in absolute time. Hours and minutes advance
+// by adding time, so a daylight-saving change is walked through as the
+// clock shows it: the skipped hour has no ticks, the repeated one has
+// them again. Days and months go through time.Date, which for a wall time
+// inside a skipped hour (midnight, in some zones) answers with an earlier
+// instant; that answer is not taken. Built with time.Date throughout, the
+// walk went backwards at the spring change west of UTC and looped for
+// ever ("0 9 * * *" from 9 March 2024 in New York), wedging the schedule
+// relay, or returned a time not after its input.
 func (c cron) Next(after time.Time) time.Time {
 	t := after.In(c.loc).Truncate(time.Second).Add(time.Second)
 	limit := t.AddDate(5, 0, 0)
+	forward := func(next time.Time) time.Time {
+		if next.After(t) {
+			return next
+		}
+		return t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+	}
 	for t.Before(limit) {
 		if c.month&(1<<uint(t.Month())) == 0 {
-			t = time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, c.loc)
+			t = forward(time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, c.loc))
 			continue
 		}
 		if !c.dayMatches(t) {
-			t = time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, c.loc)
+			t = forward(time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, c.loc))
 			continue
 		}
 		if c.hour&(1<<uint(t.Hour())) == 0 {
-			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour()+1, 0, 0, 0, c.loc)
+			t = t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
 			continue
 		}
 		if c.min&(1<<uint(t.Minute())) == 0 {
-			t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute()+1, 0, 0, c.loc)
+			t = t.Add(time.Minute - time.Duration(t.Second())*time.Second)
 			continue
 		}
 		if c.sec&(1<<uint(t.Second())) == 0 {

@@ -1,6 +1,7 @@
 package schedule_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,5 +39,75 @@ func TestParseNext(t *testing.T) {
 		if _, err := schedule.Parse(bad, time.Time{}, nil); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// Daylight-saving changes west of UTC: time.Date answers a wall time in
+// the skipped hour with an earlier instant, and the walk, built on it,
+// went backwards and looped for ever ("0 9 * * *" from 9 March 2024 in
+// New York) or returned a time not after its input. Every answer is now
+// after its input and on the expression; the skipped hour has no ticks
+// and the repeated one has them.
+func TestCronNextAcrossDaylightSavingChanges(t *testing.T) {
+	t.Parallel()
+	exprs := []struct {
+		src string
+		on  func(h, m int) bool
+	}{
+		{"0 9 * * *", func(h, m int) bool { return h == 9 && m == 0 }},
+		{"0 3 * * *", func(h, m int) bool { return h == 3 && m == 0 }},
+		{"0 2 * * *", func(h, m int) bool { return h == 2 && m == 0 }},
+		{"30 1 * * *", func(h, m int) bool { return h == 1 && m == 30 }},
+		{"0 0 * * *", func(h, m int) bool { return h == 0 && m == 0 }},
+		{"0 * * * *", func(h, m int) bool { return m == 0 }},
+		{"*/5 * * * *", func(h, m int) bool { return m%5 == 0 }},
+	}
+	for _, zone := range []string{"America/New_York", "America/Los_Angeles", "Europe/Berlin", "America/Sao_Paulo", "Australia/Lord_Howe"} {
+		loc, err := time.LoadLocation(zone)
+		if err != nil {
+			t.Skipf("no tz data for %s: %v", zone, err)
+		}
+		for _, x := range exprs {
+			done := make(chan string, 1)
+			go func() {
+				e, err := schedule.Parse(x.src, time.Time{}, loc)
+				if err != nil {
+					done <- err.Error()
+					return
+				}
+				for _, day := range []time.Time{time.Date(2024, 3, 9, 0, 0, 0, 0, loc), time.Date(2024, 11, 2, 0, 0, 0, 0, loc),
+					time.Date(2024, 3, 30, 0, 0, 0, 0, loc), time.Date(2024, 10, 26, 0, 0, 0, 0, loc), time.Date(2024, 4, 6, 0, 0, 0, 0, loc),
+					time.Date(2018, 11, 3, 0, 0, 0, 0, loc)} {
+					for at := day; at.Before(day.Add(72 * time.Hour)); at = at.Add(7 * time.Minute) {
+						n := e.Next(at)
+						local := n.In(loc)
+						if !n.After(at) || n.Sub(at) > 49*time.Hour || !x.on(local.Hour(), local.Minute()) {
+							done <- fmt.Sprintf("Next(%s) = %s", at, local)
+							return
+						}
+					}
+				}
+				done <- ""
+			}()
+			select {
+			case msg := <-done:
+				if msg != "" {
+					t.Errorf("%s in %s: %s", x.src, zone, msg)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s in %s: Next did not return", x.src, zone)
+			}
+		}
+	}
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip(err)
+	}
+	e, err := schedule.Parse("0 * * * *", time.Time{}, ny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.Next(time.Date(2024, 3, 10, 1, 0, 0, 0, ny)); !n.Equal(time.Date(2024, 3, 10, 3, 0, 0, 0, ny)) {
+		t.Errorf("hourly after 01:00 EST on the spring change: %s, want 03:00 EDT", n)
 	}
 }
