@@ -39,6 +39,13 @@ func (l Limit) WithDefaults() Limit {
 	return l
 }
 
+// MaxInterval is the longest interval a limit may have. A record (the
+// theoretical arrival time) is at most an interval ahead of its write, so
+// the bucket's TTL (streams/kv_ratelimits.json) must outlast it: with a 1 h
+// TTL, a 24 h limit's record expired an hour after its grants were spent
+// and read back as a full bucket, granting a whole burst again.
+const MaxInterval = 24 * time.Hour
+
 // Validate names the field and the rule that is broken.
 func (l Limit) Validate(name string) error {
 	if !protocol.ValidToken(name) {
@@ -47,8 +54,8 @@ func (l Limit) Validate(name string) error {
 	if l.Limit < 1 {
 		return fmt.Errorf("rate_limits.%s.limit must be at least 1, got %d", name, l.Limit)
 	}
-	if l.Interval.Std() > 24*time.Hour {
-		return fmt.Errorf("rate_limits.%s.interval must be at most 24h, got %s", name, l.Interval)
+	if l.Interval.Std() > MaxInterval {
+		return fmt.Errorf("rate_limits.%s.interval must be at most %s, got %s", name, MaxInterval, l.Interval)
 	}
 	if l.Burst > l.Limit {
 		return fmt.Errorf("rate_limits.%s.burst must be at most limit (%d), got %d", name, l.Limit, l.Burst)

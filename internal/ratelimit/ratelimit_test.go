@@ -203,3 +203,26 @@ func TestFiftyPerSecondAcrossTwoSchedulers(t *testing.T) {
 		t.Fatal("one scheduler got no grants")
 	}
 }
+
+// A record must outlive the longest interval: expired early, it reads back
+// as a full bucket. The bucket's TTL was 1 h for intervals up to 24 h.
+func TestRecordsOutliveTheLongestInterval(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, streams.BucketRateLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() <= ratelimit.MaxInterval {
+		t.Fatalf("bucket TTL %s, want more than the longest interval %s", st.TTL(), ratelimit.MaxInterval)
+	}
+}
