@@ -213,17 +213,33 @@ func isWrongSeq(err error) bool {
 // further back, who are woken through Release). limit is the key's limit as the spec states it; the latest
 // caller's limit wins.
 func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder string, lease time.Duration) (granted bool, retryAt time.Time, err error) {
+	g, retryAt, err := l.AcquireGrant(ctx, key, limit, holder, lease)
+	return g.Granted, retryAt, err
+}
+
+// Grant is what AcquireGrant gave: a slot until Until, new or, Renewed, one
+// the holder already had.
+type Grant struct {
+	Granted, Renewed bool
+	Until            time.Time
+}
+
+// AcquireGrant is Acquire, saying what was granted, so that a caller that
+// gives the slot back unused can release only what it took (ReleaseGrant).
+// Several schedulers may ask for the same holder (a step's id): the second
+// is granted the first's slot as a renewal.
+func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holder string, lease time.Duration) (g Grant, retryAt time.Time, err error) {
 	if limit < 1 {
-		return false, time.Time{}, fmt.Errorf("concurrency key %s: limit %d", key, limit)
+		return Grant{}, time.Time{}, fmt.Errorf("concurrency key %s: limit %d", key, limit)
 	}
 	err = l.update(ctx, key, func(r *record) bool {
 		now := l.cfg.Now()
 		r.prune(now)
 		r.Limit = limit
-		granted, retryAt = false, time.Time{}
+		retryAt, g = time.Time{}, Grant{}
 		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 {
 			r.Holders[i].Until = now.Add(lease)
-			granted = true
+			g = Grant{Granted: true, Renewed: true, Until: r.Holders[i].Until}
 			return true
 		}
 		free := limit - len(r.Holders)
@@ -237,7 +253,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder str
 				r.Waiters = slices.Delete(r.Waiters, pos, pos+1)
 			}
 			r.Holders = append(r.Holders, entry{ID: holder, Until: now.Add(lease)})
-			granted = true
+			g = Grant{Granted: true, Until: now.Add(lease)}
 			return true
 		}
 		// A waiter among the next `limit` in line asks again when a
@@ -266,7 +282,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder str
 		}
 		return true
 	})
-	return granted, retryAt, err
+	return g, retryAt, err
 }
 
 // Release gives up holder's slot of key (a no-op if it holds none, e.g.
@@ -278,6 +294,30 @@ func (l *Limiter) Release(ctx context.Context, key, holder string) (next []strin
 		now := l.cfg.Now()
 		before := len(r.Holders) + len(r.Waiters)
 		r.prune(now)
+		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
+		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
+		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
+			next = append(next, r.Waiters[i].ID)
+		}
+		return len(r.Holders)+len(r.Waiters) != before
+	})
+	return next, err
+}
+
+// ReleaseGrant gives back a slot granted (new, not renewed) until until,
+// unless someone renewed it since (its lease now ends later): that is
+// another caller's grant of the same holder, whose step may be running
+// on it. A slot the holder no longer has, or never had, is a no-op, as for
+// Release; it also leaves the queue.
+func (l *Limiter) ReleaseGrant(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
+	err = l.update(ctx, key, func(r *record) bool {
+		next = nil
+		now := l.cfg.Now()
+		before := len(r.Holders) + len(r.Waiters)
+		r.prune(now)
+		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 && r.Holders[i].Until.After(until) {
+			return len(r.Holders)+len(r.Waiters) != before // renewed since: not ours to give back
+		}
 		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
 		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
 		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {

@@ -269,8 +269,10 @@ type jobTurn struct {
 	// admitted are the steps that took concurrency slots this turn
 	// (workflow.go); they are given back if the writes do not land.
 	admitted []int
-	err      error // a lost CAS or a store error: the inputs are retried
-	more     bool  // more ready steps than one slice: continue
+	// grants are the concurrency slots each admitted step took this turn.
+	grants map[int][]gateGrant
+	err    error // a lost CAS or a store error: the inputs are retried
+	more   bool  // more ready steps than one slice: continue
 	// wait, when set, says the job waits (no agent, a retry's backoff):
 	// it is tried again after this delay if nothing wakes it first. A job
 	// waiting for an agent or a slot keeps its messages (waiter.held); any

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/internal/ratelimit"
 	"github.com/wardenhq/warden/internal/schedule"
@@ -154,24 +155,20 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 	defer cancel()
 	defer func(start time.Time) { w.gateSpent += time.Since(start) }(time.Now())
 	lease := st.Timeout.Std() + w.s.cfg.DispatchGrace.Std() + slotMargin
-	var held []spec.Concurrency
-	undo := func() {
-		for _, k := range held {
-			_, _ = w.s.gates.conc.Release(ctx, k.Key, holder)
-		}
-	}
+	var held []gateGrant
+	undo := func() { w.giveBackSlots(ctx, st, held) }
 	for _, k := range keys {
-		granted, at, err := w.s.gates.conc.Acquire(ctx, k.Key, k.Limit, holder, lease)
+		g, at, err := w.s.gates.conc.AcquireGrant(ctx, k.Key, k.Limit, holder, lease)
 		if err != nil {
 			undo()
 			return false, now.Add(w.s.cfg.CapacityRetry.Std()), fmt.Sprintf("concurrency key %s: %v", k.Key, err)
 		}
-		if !granted {
+		if !g.Granted {
 			undo()
 			w.gated[holder] = at
 			return false, at, fmt.Sprintf("waiting for concurrency key %s (limit %d)", k.Key, k.Limit)
 		}
-		held = append(held, k)
+		held = append(held, gateGrant{key: k.Key, Grant: g})
 	}
 	if ss.RateLimit != "" {
 		granted, at, err := w.s.gates.rate.Allow(ctx, ss.RateLimit, "")
@@ -192,7 +189,52 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		}
 	}
 	jt.admitted = append(jt.admitted, i)
+	if len(held) > 0 {
+		if jt.grants == nil {
+			jt.grants = map[int][]gateGrant{}
+		}
+		jt.grants[i] = held
+	}
 	return true, time.Time{}, ""
+}
+
+// gateGrant is a concurrency slot a turn took for a step.
+type gateGrant struct {
+	key string
+	concurrency.Grant
+}
+
+// giveBackSlots releases the slots a turn took for st and did not use,
+// each only if this turn added it and nobody renewed it since. A freed
+// slot wakes the job on every scheduler, and the holder is the step's id,
+// so a second scheduler asking for it is granted the first's slot as a
+// renewal; released unconditionally when its own dispatch then lost (the
+// job record's compare-and-set, no agent), it was the slot the winner's
+// step ran on, and the key's limit was exceeded (two schedulers, a limit
+// of 1: 65 of 80 runs overlapped another). A slot kept so is freed by its
+// lease if nobody uses it.
+func (w *worker) giveBackSlots(ctx context.Context, st *jobstore.Step, grants []gateGrant) {
+	for _, g := range grants {
+		if g.Renewed {
+			continue
+		}
+		next, err := w.s.gates.conc.ReleaseGrant(ctx, g.key, holderID(st.JobID, st.ID), g.Until)
+		if err != nil {
+			w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", g.key).
+				Msg("concurrency slot not given back; its lease will free it")
+			continue
+		}
+		w.wakeWaiters(next)
+	}
+}
+
+// wakeWaiters wakes the jobs whose steps freed slots now belong to.
+func (w *worker) wakeWaiters(next []string) {
+	for _, h := range next {
+		if job, _, ok := strings.Cut(h, "."); ok {
+			_ = w.s.nc.Publish(protocol.SubjectControlGateFreed, []byte(job))
+		}
+	}
 }
 
 // releaseAdmitted gives back what a turn took for dispatches whose writes
@@ -237,13 +279,14 @@ func (w *worker) unadmit(jt *jobTurn, i int) {
 // TestRateLimitAcrossSchedulers 50–90 of ~650 grants were lost so, mostly
 // to dispatches of a scheduler whose cached job was stale).
 func (w *worker) giveBack(jt *jobTurn, i int) {
-	w.releaseGates(jt, i)
+	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	w.giveBackSlots(ctx, jt.js.steps[i], jt.grants[i])
+	delete(jt.grants, i)
 	name := jt.js.job.Spec.Steps[i].RateLimit
 	if name == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
-	defer cancel()
 	if err := w.s.gates.rate.Return(ctx, name, ""); err != nil {
 		st := jt.js.steps[i]
 		w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("rate_limit", name).
@@ -271,11 +314,7 @@ func (w *worker) releaseGates(jt *jobTurn, i int) {
 				Msg("concurrency slot not released; its lease will free it")
 			continue
 		}
-		for _, h := range next {
-			if job, _, ok := strings.Cut(h, "."); ok {
-				_ = w.s.nc.Publish(protocol.SubjectControlGateFreed, []byte(job))
-			}
-		}
+		w.wakeWaiters(next)
 	}
 }
 

@@ -497,3 +497,46 @@ func TestCompensationAfterItsStepRecordsLandedAlone(t *testing.T) {
 		t.Fatalf("compensation: %+v %v; job forward steps %d", st, err, j.ForwardSteps)
 	}
 }
+
+// A concurrency key holds across schedulers. A freed slot wakes the job on
+// every scheduler (gate_freed); the holder id is the step's, so the second
+// to ask was granted as a renewal of the first's slot, and when its own
+// dispatch then lost (the job record's compare-and-set, no agent), giving
+// its grant back released the slot the winner's running step held: with two
+// schedulers, most of 80 limit-1 jobs overlapped another. A give-back now
+// releases only a slot it added and nobody renewed since.
+func TestConcurrencyKeyHoldsAcrossSchedulers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("80 jobs on two schedulers")
+	}
+	const jobs = 80
+	b := setup(t)
+	cfg := scheduler.Config{DispatchGrace: protocol.Duration(time.Second), CapacityRetry: protocol.Duration(50 * time.Millisecond)}
+	startSchedulers(t, b, 2, cfg)
+	var rs runs
+	for i := range 2 {
+		id := fmt.Sprintf("a%d", i)
+		a := agenttest.StartAgent(t, b.nc, agent.Config{ID: id, Pool: "default", MaxConcurrent: 4})
+		a.Script(rs.script(id, 30*time.Millisecond))
+	}
+	body := `{"name":"sync","concurrency":{"key":"shared","limit":1},"steps":[{"id":"s","action":"echo","timeout":"5s"}]}`
+	ids := publishJobs(t, b, jobs, "two", body)
+	natstest.Eventually(t, 3*time.Minute, "every job ended", func() bool {
+		_, ok := b.allEnded(t, ids)
+		return ok
+	})
+	got := rs.snapshot()
+	slices.SortFunc(got, func(x, y run) int { return x.start.Compare(y.start) })
+	over := 0
+	for k := 1; k < len(got); k++ {
+		if got[k].start.Before(got[k-1].finish) {
+			if over++; over <= 3 {
+				t.Logf("overlap: %s on %s at %s while %s on %s ran until %s", got[k].job, got[k].agent, got[k].start.Format(time.StampMicro),
+					got[k-1].job, got[k-1].agent, got[k-1].finish.Format(time.StampMicro))
+			}
+		}
+	}
+	if over > 0 {
+		t.Fatalf("%d executions, %d overlapped another under a limit of 1", len(got), over)
+	}
+}
