@@ -120,6 +120,13 @@ func TestEventStream(t *testing.T) {
 		}
 	}
 	seen := map[string]bool{}
+	// Says which types were seen if it fails (it failed once in a loaded
+	// make test, not since; the message did not say which type was missing).
+	defer func() {
+		if t.Failed() {
+			t.Logf("event types seen: %v (want job, step, event, agent, drained, expiring)", seen)
+		}
+	}()
 	natstest.Eventually(t, 10*time.Second, "every event type on the stream", func() bool {
 		return take(func(e sse) bool {
 			if s, ok := want[e.typ]; ok && strings.Contains(e.data, s) {
