@@ -34,12 +34,8 @@ var listStates = []jobstore.JobState{jobstore.JobSucceeded, jobstore.JobSucceede
 
 func newListFixture(t *testing.T, n int) listFixture {
 	t.Helper()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	st, js := newStore(t)
 	ctx := testCtx(t)
-	st, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
 	f := listFixture{js: js, store: st, base: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), state: map[string]jobstore.JobState{}}
 	var acks []jetstream.PubAckFuture
 	for i := range n {
@@ -75,6 +71,17 @@ func newListFixture(t *testing.T, n int) listFixture {
 		}
 	}
 	return f
+}
+
+// newStore is a job store on a fresh server with Warden's streams.
+func newStore(t *testing.T) (*jobstore.Store, jetstream.JetStream) {
+	t.Helper()
+	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	st, err := jobstore.Open(testCtx(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, js
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -9,21 +9,15 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
-	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/spec"
-	"github.com/wardenhq/warden/streams"
 )
 
 // storeJob writes a job of n steps, each step record carrying output bytes
 // of output, and returns the store.
 func storeJob(t *testing.T, id string, n, output int) *jobstore.Store {
 	t.Helper()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	st, _ := newStore(t)
 	ctx := testCtx(t)
-	st, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sp := spec.Job{Name: "big"}
 	for i := range n {
 		sp.Steps = append(sp.Steps, spec.Step{ID: fmt.Sprintf("s%04d", i), Action: "echo"})
@@ -96,12 +90,8 @@ func TestLoadGoesOnWhereTheServerEndedAReply(t *testing.T) {
 // pipelined create now write over it.
 func TestCreateOverARemovedRecord(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	st, _ := newStore(t)
 	ctx := testCtx(t)
-	st, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sp := spec.Job{Name: "again", Steps: []spec.Step{{ID: "a", Action: "echo"}}}
 	for _, id := range []string{"job-one", "job-batch"} {
 		if _, err := st.CreateJob(ctx, jobstore.NewJob(id, sp, time.Now().UTC())); err != nil {

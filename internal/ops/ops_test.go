@@ -212,20 +212,14 @@ func TestErrorText(t *testing.T) {
 // anchor the supervisor keeps there (protocol.AnchorSubject) is no task.
 func TestQueuesCountTasksNotTheAnchor(t *testing.T) {
 	t.Parallel()
-	_, nc, js := natstest.Start(t, streams.Options{TaskShards: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	store, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	o, js, ctx := newOps(t)
 	for _, subj := range []string{protocol.TaskSubject(0, "pool", "a"), protocol.TaskSubject(0, "pool", "a"), protocol.TaskSubject(0, "pool", "b"),
 		protocol.AnchorSubject(protocol.TaskStream(0))} {
 		if _, err := js.Publish(ctx, subj, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	q, err := ops.New(nc, store).Queues(ctx)
+	q, err := o.Queues(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,15 +232,23 @@ func TestQueuesCountTasksNotTheAnchor(t *testing.T) {
 // answer (exit 4) where the HTTP route says 404 (exit 3): it is not found.
 func TestControlOfAnAbsentAgentIsNotFound(t *testing.T) {
 	t.Parallel()
+	o, _, ctx := newOps(t)
+	err := o.DrainAgent(ctx, "default", "gone")
+	if c := ops.CodeOf(err); c != ops.CodeNotFound || c.ExitCode() != 3 {
+		t.Fatalf("drain of an absent agent: %v (%s)", err, c)
+	}
+}
+
+// newOps is an Ops on a fresh server with one task shard, and a context
+// that ends with the test (10 s at most).
+func newOps(t *testing.T) (*ops.Ops, jetstream.JetStream, context.Context) {
+	t.Helper()
 	_, nc, js := natstest.Start(t, streams.Options{TaskShards: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	store, err := jobstore.Open(ctx, js)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = ops.New(nc, store).DrainAgent(ctx, "default", "gone")
-	if c := ops.CodeOf(err); c != ops.CodeNotFound || c.ExitCode() != 3 {
-		t.Fatalf("drain of an absent agent: %v (%s)", err, c)
-	}
+	return ops.New(nc, store), js, ctx
 }
