@@ -46,6 +46,9 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
 			return true
 		}
+		if slices.Contains(saturated, poolAction{st.Pool, st.Action}) {
+			return false
+		}
 		if held == nil {
 			held = map[string]int{}
 			for _, o := range js.steps {
@@ -63,31 +66,19 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		held[k]++
 		return true
 	}
-	// A turn tries at most sliceDispatch steps. Steps it can put back
-	// without trying (a retry in its backoff, a pool and action at the
-	// job's share already this turn) do not count: a round over a large
-	// fan-out at its share is then one turn, not one per four steps.
+	// A turn tries at most sliceDispatch steps. Steps it puts back without
+	// trying (a retry in its backoff, a pool and action at the job's share)
+	// do not count: a round over a large fan-out at its share is then one
+	// turn, not one per four steps.
 	for tries := 0; tries < sliceDispatch; {
 		i, ok := js.nextReady()
 		if !ok {
 			break
 		}
 		st := js.steps[i]
-		if st.Desired != jobstore.StepCancelled && !st.Expired(now) &&
-			(st.NotBefore.After(now) || st.Agent == "" && st.Cluster == "" && slices.Contains(saturated, poolAction{st.Pool, st.Action})) {
-			w.s.stopWaiting(holderID(st.JobID, st.ID))
-			putBack = append(putBack, i)
-			if st.NotBefore.After(now) {
-				waitAtLeast(st.NotBefore.Sub(now))
-			} else {
-				waitAtLeast(w.s.cfg.CapacityRetry.Std())
-				jt.agentWait = true
-			}
-			continue
-		}
-		tries++
 		holder := holderID(st.JobID, st.ID)
 		if st.Desired == jobstore.StepCancelled {
+			tries++
 			w.s.stopWaiting(holder)
 			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)
@@ -95,6 +86,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			continue
 		}
 		if st.Expired(now) {
+			tries++
 			w.s.stopWaiting(holder)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Msg("step expired before it could start")
@@ -120,6 +112,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			jt.agentWait = true
 			continue
 		}
+		tries++
 		prio := jt.js.job.Spec.StepPriority(jt.js.job.Spec.Steps[i])
 		behind := func() {
 			// A step of higher (effective) priority waits for this pool:

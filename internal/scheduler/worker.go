@@ -342,13 +342,6 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 	if len(later) > 0 {
 		w.q.push(later...)
 	}
-	for _, jt := range order {
-		// A waiting job's held messages are settled by whatever turn it
-		// gets next, as if they had been redelivered with its input.
-		if len(jt.inputs) > 0 {
-			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
-		}
-	}
 	now := w.s.now().UTC()
 	w.turns++
 	w.gateSpent = 0
@@ -356,6 +349,13 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 		w.prepare(ctx, jt, now)
 		if jt.js != nil {
 			jt.js.used = w.turns
+			// A waiting job's held messages are settled by whatever turn
+			// looks at it next, as if they had been redelivered with its
+			// input. A turn that does not (every input rejected or delayed
+			// before the job's state was read) leaves them to the waiter:
+			// taken with it, they were acked and the waiter dropped, and
+			// nothing woke the job again.
+			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
 		}
 	}
 	w.writeRound(ctx, order, 1)
@@ -536,18 +536,6 @@ func (w *worker) finish(jt *jobTurn) {
 				_ = in.req.Respond(protocol.OKReply(""))
 			}
 		}
-		if jt.js == nil && len(in.held) > 0 {
-			// The turn never looked at the job (every input was rejected or
-			// delayed before its state was read): the held messages are the
-			// waiting job's, not this input's, and go back to its waiter.
-			// Settled here, they were acked and the waiter dropped, and
-			// nothing in the scheduler woke the job again.
-			if wt, ok := w.waiting[jt.id]; ok {
-				wt.held = append(wt.held, in.held...)
-				w.waiting[jt.id] = wt
-				in.held = nil
-			}
-		}
 		msgs = append(msgs, in.held...)
 		if in.msg != nil && jt.settle[k].term != "" {
 			_ = in.msg.TermWithReason(jt.settle[k].term)
@@ -597,7 +585,7 @@ func (w *worker) finish(jt *jobTurn) {
 			_ = m.NakWithDelay(jt.wait)
 		}
 	default:
-		if jt.js != nil { // else the waiter, if any, is untouched (above)
+		if jt.js != nil { // else the turn did not look at the job: its waiter stands
 			delete(w.waiting, jt.id)
 		}
 		for _, m := range msgs {
