@@ -107,6 +107,25 @@ func (p *parts) dispatched(t *testing.T, job, agent string) (jetstream.Stream, u
 	return s, ack.Sequence
 }
 
+// recovery runs the term's recovery duty with grace; done yields what run
+// returned, and stop ends it and fails the test if that was an error.
+// Also stopped at the test's end.
+func (p *parts) recovery(t *testing.T, grace time.Duration) (done <-chan error, stop func()) {
+	t.Helper()
+	r := &recovery{term: p.term, store: p.store, release: p.rel, adv: p.adv, grace: grace, retry: 50 * time.Millisecond,
+		log: zerolog.Nop(), built: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch := make(chan error, 1)
+	go func() { ch <- r.run(ctx) }()
+	return ch, func() {
+		cancel()
+		if err := <-ch; err != nil {
+			t.Errorf("recovery at shutdown: %v", err)
+		}
+	}
+}
+
 func (p *parts) msgs(t *testing.T, stream string) uint64 {
 	t.Helper()
 	s, err := p.js.Stream(context.Background(), stream)
@@ -203,12 +222,7 @@ func TestRecoveryOutlivesAFenceThatFailsForAMoment(t *testing.T) {
 	p := newParts(t)
 	p.lease.epoch.Store(0) // a renewal in flight past validTo
 	p.dispatched(t, "job-f", "a1")
-	r := &recovery{term: p.term, store: p.store, release: p.rel, adv: p.adv, grace: time.Hour, retry: 50 * time.Millisecond,
-		log: zerolog.Nop(), built: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- r.run(ctx) }()
+	done, stop := p.recovery(t, time.Hour)
 
 	// The expired lease came due and met the failed fence.
 	natstest.Eventually(t, 10*time.Second, "the recovery to meet the failed fence", func() bool { return p.lease.denied.Load() > 0 })
@@ -222,10 +236,7 @@ func TestRecoveryOutlivesAFenceThatFailsForAMoment(t *testing.T) {
 		t.Fatalf("recovery stopped while its term went on: %v", err)
 	default:
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("recovery at shutdown: %v", err)
-	}
+	stop()
 }
 
 // An entry that comes due as a lease end the record does not hold (here
@@ -255,20 +266,12 @@ func TestLeaseTheIndexMisreadIsLookedAtAgain(t *testing.T) {
 	if _, err := p.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	r := &recovery{term: p.term, store: p.store, release: p.rel, adv: p.adv, grace: 200 * time.Millisecond, retry: 50 * time.Millisecond,
-		log: zerolog.Nop(), built: make(chan struct{})}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- r.run(ctx) }()
+	_, stop := p.recovery(t, 200*time.Millisecond)
 	natstest.Eventually(t, 10*time.Second, "the step released once its real lease ended", func() bool {
 		st, _, err := p.store.Step(context.Background(), "job-m", "s")
 		return err == nil && st.State == jobstore.StepPending && st.Attempts[0].Status == statusLeaseExpired
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("recovery: %v", err)
-	}
+	stop()
 }
 
 // A max-deliveries advisory for a task whose step is back to pending at
