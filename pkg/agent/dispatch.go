@@ -38,22 +38,21 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	alone := true      // until the consumer shows no delivery this run lacks
 	recreated := false // the consumer, since the last pull that did not fail
 	for {
-		// Drained by an operator, or over a limit the supervisor lowered.
-		// At max_concurrent the send below waits for a free slot itself.
-		for a.held.Load() || a.belowMax(slots) && len(slots) >= int(a.limit.Load()) && len(slots) > 0 {
-			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
-				return
-			}
-		}
 		select {
 		case slots <- struct{}{}:
 		case <-fetchCtx.Done():
 			return
 		}
 		if a.heldBack(slots) {
-			// Drained, or the limit lowered, while every slot was busy:
-			// the wait for this one ended after the check above.
+			// Drained by an operator, or over a limit the supervisor
+			// lowered: asked once a slot is taken, so that a drain that
+			// came while every slot was busy holds too. Looked at again
+			// every 100 ms; at max_concurrent the send above waits for a
+			// free slot by itself.
 			<-slots
+			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
+				return
+			}
 			continue
 		}
 		if alone {
@@ -256,12 +255,6 @@ func (a *Agent) loopRequest(ctx context.Context) (context.Context, context.Cance
 // cancel before asking this, so one of the two always sees the other.
 func (a *Agent) heldBack(slots chan struct{}) bool {
 	return a.held.Load() || len(slots) > int(a.limit.Load())
-}
-
-// belowMax reports whether the supervisor lowered the limit below the
-// slots there are.
-func (a *Agent) belowMax(slots chan struct{}) bool {
-	return int(a.limit.Load()) < cap(slots)
 }
 
 // stopPull ends the pull request in progress, if any.

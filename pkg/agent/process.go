@@ -117,8 +117,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		if cause := context.Cause(hctx); errors.Is(cause, ErrCancelled) {
 			// Handed back, the redelivery would carry no cancel and run.
 			log.Info().Msg("cancelled while waiting to run: reporting it cancelled unrun")
-			err := Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, cause))
-			a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, err), log)
+			a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, cancelledBy(cause)), log)
 			return
 		}
 		log.Info().Msg("stopped while waiting to run: handing the task back")
@@ -154,7 +153,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		return
 	case errors.Is(cause, ErrCancelled):
 		// An operator cancelled the step: report it, so it ends cancelled.
-		o = outcome{err: Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, firstErr(o.err, cause)))}
+		o = outcome{err: cancelledBy(firstErr(o.err, cause))}
 	case o.err != nil && errors.Is(cause, ErrShutdown):
 		log.Info().Msg("cancelled by shutdown: handing the task back")
 		handBack()
@@ -174,13 +173,19 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	a.report(workCtx, msg, runKey, p, res, log)
 }
 
+// cancelledBy is the error of a step an operator cancelled: permanent, and
+// starting with protocol.ErrorCancelled so that it ends cancelled.
+func cancelledBy(err error) error {
+	return Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, err))
+}
+
 // runHandler runs h under its deadline. A handler that ignores cancellation
 // is waited for a short grace, then reported as failed and left running.
 // An error the handler returns once its deadline has passed says so
 // (ErrDeadline), whatever the handler made of it: retries classify a step
 // by that, as a timeout. A handler whose deadline passed while it waited to
 // run (a suspect waiting to run alone) is not started.
-func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) outcome {
+func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) (o outcome) {
 	if !p.handlerDeadline.IsZero() {
 		cause := ErrDeadline
 		if p.timeoutFirst {
@@ -192,17 +197,12 @@ func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task)
 		var cancel context.CancelFunc
 		hctx, cancel = context.WithDeadlineCause(hctx, p.handlerDeadline, cause)
 		defer cancel()
-		o := a.awaitHandler(hctx, p, h, t)
-		if cause := context.Cause(hctx); o.err != nil && errors.Is(cause, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {
-			o.err = fmt.Errorf("%w: %w", cause, o.err)
-		}
-		return o
+		defer func() { // before cancel: the cause is the deadline's, if it passed
+			if c := context.Cause(hctx); o.err != nil && errors.Is(c, ErrDeadline) && !errors.Is(o.err, ErrDeadline) {
+				o.err = fmt.Errorf("%w: %w", c, o.err)
+			}
+		}()
 	}
-	return a.awaitHandler(hctx, p, h, t)
-}
-
-// awaitHandler calls h and waits for it, or for a grace once hctx ends.
-func (a *Agent) awaitHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) outcome {
 	done := make(chan outcome, 1)
 	go func() {
 		out, err := call(hctx, h, t)
