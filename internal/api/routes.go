@@ -196,10 +196,8 @@ func (s *Server) agentHealth(w http.ResponseWriter, r *http.Request) error {
 // agentAction drains or undrains a present agent.
 func (s *Server) agentAction(f func(*ops.Ops, context.Context, string, string) error, done string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
+		// An absent agent is not found (ops.agentRequest).
 		pool, id := r.PathValue("pool"), r.PathValue("id")
-		if _, err := s.ops.Agent(r.Context(), pool, id); err != nil {
-			return err
-		}
 		if err := f(s.ops, r.Context(), pool, id); err != nil {
 			return err
 		}

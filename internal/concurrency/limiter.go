@@ -289,33 +289,26 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 // its lease ended) and removes it from the queue. It returns the waiters
 // the freed slots now belong to, oldest first, so the caller can wake them.
 func (l *Limiter) Release(ctx context.Context, key, holder string) (next []string, err error) {
-	err = l.update(ctx, key, func(r *record) bool {
-		next = nil
-		now := l.cfg.Now()
-		before := len(r.Holders) + len(r.Waiters)
-		r.prune(now)
-		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
-		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
-		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
-			next = append(next, r.Waiters[i].ID)
-		}
-		return len(r.Holders)+len(r.Waiters) != before
-	})
-	return next, err
+	return l.release(ctx, key, holder, time.Time{})
 }
 
-// ReleaseGrant gives back a slot granted (new, not renewed) until until,
-// unless someone renewed it since (its lease now ends later): that is
-// another caller's grant of the same holder, whose step may be running
-// on it. A slot the holder no longer has, or never had, is a no-op, as for
-// Release; it also leaves the queue.
+// ReleaseGrant is Release for a slot granted (new, not renewed) until
+// until, unless someone renewed it since (its lease now ends later): that
+// is another caller's grant of the same holder, whose step may be running
+// on it.
 func (l *Limiter) ReleaseGrant(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
+	return l.release(ctx, key, holder, until)
+}
+
+// release is Release, kept from a holder whose lease ends after until
+// when until is set.
+func (l *Limiter) release(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
 	err = l.update(ctx, key, func(r *record) bool {
 		next = nil
 		now := l.cfg.Now()
 		before := len(r.Holders) + len(r.Waiters)
 		r.prune(now)
-		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 && r.Holders[i].Until.After(until) {
+		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 && !until.IsZero() && r.Holders[i].Until.After(until) {
 			return len(r.Holders)+len(r.Waiters) != before // renewed since: not ours to give back
 		}
 		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })

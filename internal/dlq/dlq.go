@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -149,8 +150,7 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 	// moved on (warden job retry reopened it, it then failed or was
 	// cancelled with its job), and reopening such a step brought a
 	// cancelled job back to running.
-	deadLettered := func(s jobstore.StepState) bool { return s == jobstore.StepDeadLettered }
-	if err := reopen(ctx, store, l.JobID, l.StepID, time.Now().UTC(), deadLettered); err != nil {
+	if err := reopen(ctx, store, l.JobID, l.StepID, time.Now().UTC(), jobstore.StepDeadLettered); err != nil {
 		return l, err
 	}
 	Kick(ctx, q.nc, l.JobID)
@@ -163,20 +163,18 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 // Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
 // attempt budget, and reopens its job and the steps skipped in its wake.
 func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
-	return reopen(ctx, store, jobID, stepID, now, func(s jobstore.StepState) bool {
-		return s == jobstore.StepDeadLettered || s == jobstore.StepFailed || s == jobstore.StepCancelled
-	})
+	return reopen(ctx, store, jobID, stepID, now, jobstore.StepDeadLettered, jobstore.StepFailed, jobstore.StepCancelled)
 }
 
-// reopen is Reopen for a step in a state ok accepts.
-func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time, ok func(jobstore.StepState) bool) error {
+// reopen is Reopen for a step in one of the states from.
+func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time, from ...jobstore.StepState) error {
 	for range 8 {
 		st, rev, err := store.Step(ctx, jobID, stepID)
 		if err != nil {
 			return err
 		}
-		if !ok(st.State) {
-			return fmt.Errorf("%w: step %s.%s is %s", ErrWrongState, jobID, stepID, st.State)
+		if !slices.Contains(from, st.State) {
+			return fmt.Errorf("%w: step %s.%s is %s, not %v", ErrWrongState, jobID, stepID, st.State, from)
 		}
 		st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
 		st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0

@@ -24,9 +24,15 @@ type entry struct {
 
 const kvPrefix = "$KV." + protocol.BucketJobs + "."
 
+// directLast asks for the last message of key: a record, a removal
+// marker, or a status (404: none).
+func (s *Store) directLast(ctx context.Context, key string) (*nats.Msg, error) {
+	return s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+s.stream+"."+kvPrefix+key, nil)
+}
+
 // getLast reads the latest record of key with one direct get.
 func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
-	m, err := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+s.stream+"."+kvPrefix+key, nil)
+	m, err := s.directLast(ctx, key)
 	if err != nil {
 		return entry{}, fmt.Errorf("get %s: %w", key, err)
 	}

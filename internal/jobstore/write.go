@@ -106,7 +106,7 @@ func (s *Store) createOverMarker(ctx context.Context, w Write, err error) (uint6
 	if w.Rev != 0 || !errors.Is(err, ErrExists) {
 		return 0, false
 	}
-	m, gerr := s.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+s.stream+"."+kvPrefix+w.Key, nil)
+	m, gerr := s.directLast(ctx, w.Key)
 	if gerr != nil || m.Header.Get("Status") != "" || !Removed(m.Header) {
 		return 0, false
 	}

@@ -187,11 +187,14 @@ func (c cron) dayMatches(t time.Time) bool {
 func (c cron) Next(after time.Time) time.Time {
 	t := after.In(c.loc).Truncate(time.Second).Add(time.Second)
 	limit := t.AddDate(5, 0, 0)
+	nextHour := func() time.Time {
+		return t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+	}
 	forward := func(next time.Time) time.Time {
 		if next.After(t) {
 			return next
 		}
-		return t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+		return nextHour()
 	}
 	for t.Before(limit) {
 		if c.month&(1<<uint(t.Month())) == 0 {
@@ -203,7 +206,7 @@ func (c cron) Next(after time.Time) time.Time {
 			continue
 		}
 		if c.hour&(1<<uint(t.Hour())) == 0 {
-			t = t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+			t = nextHour()
 			continue
 		}
 		if c.min&(1<<uint(t.Minute())) == 0 {
