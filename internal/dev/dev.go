@@ -71,15 +71,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	dep, err := deploymentOf(cfg)
+	if err != nil {
+		return err
+	}
 	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = streams.Ensure(ectx, js, streams.Options{TaskShards: cfg.TaskShards})
+	err = streams.Ensure(ectx, js, streams.Options{TaskShards: dep.TaskShards, Partitions: dep.Partitions})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("create streams: %w", err)
 	}
 
 	env := Env{URL: url, DataDir: cfg.DataDir}
-	env.Processes = plan(cfg, url, dataDir, flagProbe(ctx, bins))
+	env.Processes = plan(cfg, dep, url, dataDir, flagProbe(ctx, bins))
 	if api := filepath.Join(cfg.BinDir, "warden"); cfg.APIAddr != "" && fileExists(api) { // operator's edit: warden api
 		bins["api"] = api
 		env.Processes = append(env.Processes, Process{Name: "api", Role: "api",

@@ -191,3 +191,71 @@ func TestDevStopsOnCancel(t *testing.T) {
 		t.Fatalf("output:\n%s", out.String())
 	}
 }
+
+// A resized deployment (--task-shards, the scheduler file's partitions)
+// runs: every child is told what the streams were made with. Before, the
+// children kept their files' 4 shards and exited on the mismatch.
+func TestDevRunsAResizedDeployment(t *testing.T) {
+	t.Parallel()
+	bin := binaries(t)
+	cfgDir := t.TempDir()
+	for _, f := range []string{"scheduler.yaml", "supervisor.yaml", "agent.yaml"} {
+		body, err := os.ReadFile(filepath.Join("../../configs", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "scheduler.yaml" {
+			body = []byte(strings.Replace(string(body), "\npartitions: 8\n", "\npartitions: 4\n", 1))
+			if !strings.Contains(string(body), "\npartitions: 4\n") {
+				t.Fatal("configs/scheduler.yaml no longer says partitions: 8")
+			}
+		}
+		if err := os.WriteFile(filepath.Join(cfgDir, f), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out syncBuffer
+	var final *jobstore.Job
+	var streamNames []string
+	err := dev.Run(ctx, dev.Config{
+		DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: cfgDir, Out: &out, Agents: 1, TaskShards: 2,
+		ExitAfterReady: true,
+		OnReady: func(ctx context.Context, env dev.Env) error {
+			nc, err := nats.Connect(env.URL)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				return err
+			}
+			for l := js.StreamNames(ctx); ; {
+				name, ok := <-l.Name()
+				if !ok {
+					break
+				}
+				streamNames = append(streamNames, name)
+			}
+			c := client.New(js, client.Options{})
+			r, err := c.Submit(ctx, []byte(`{"name":"resized","steps":[{"id":"a","action":"echo","params":{"message":"hi"}}]}`), client.SubmitOptions{})
+			if err != nil {
+				return err
+			}
+			final, err = c.Follow(ctx, r.JobID, nil)
+			return err
+		},
+	})
+	if err != nil {
+		t.Fatalf("dev.Run: %v\n%s", err, out.String())
+	}
+	if final == nil || final.State != jobstore.JobSucceeded {
+		t.Fatalf("job %+v\n%s", final, out.String())
+	}
+	names := strings.Join(streamNames, " ")
+	if !strings.Contains(names, "WARDEN_TASKS_1") || strings.Contains(names, "WARDEN_TASKS_2") {
+		t.Fatalf("streams %s, want task shards 0 and 1 only", names)
+	}
+}

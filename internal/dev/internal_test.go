@@ -2,6 +2,8 @@ package dev
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -30,22 +32,23 @@ func TestPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := func(role, flag string) bool { return true }
-	procs := plan(c, "nats://127.0.0.1:4222", "/data", all)
+	dep := deployment{TaskShards: 2, Partitions: 16}
+	procs := plan(c, dep, "nats://127.0.0.1:4222", "/data", all)
 	if len(procs) != 4 {
 		t.Fatalf("%d processes", len(procs))
 	}
 	sched, a1, a2 := procs[0], procs[2], procs[3]
-	if got := strings.Join(sched.Args, " "); got != "--server nats://127.0.0.1:4222 --metrics-addr 127.0.0.1:9300" {
+	if got := strings.Join(sched.Args, " "); got != "--server nats://127.0.0.1:4222 --task-shards 2 --partitions 16 --metrics-addr 127.0.0.1:9300" {
 		t.Fatalf("scheduler args %q", got)
 	}
-	if got := strings.Join(a1.Args, " "); got != "--server nats://127.0.0.1:4222 --id agent-1 --pool default --capabilities linux,docker --config /data/config/agent-1.yaml" {
+	if got := strings.Join(a1.Args, " "); got != "--server nats://127.0.0.1:4222 --id agent-1 --pool default --capabilities linux,docker --task-shards 2 --config /data/config/agent-1.yaml" {
 		t.Fatalf("agent-1 args %q", got)
 	}
 	if a2.MetricsURL != "http://127.0.0.1:9303/metrics" || a2.agentMetricsAddr != "127.0.0.1:9303" {
 		t.Fatalf("agent-2 metrics %q", a2.MetricsURL)
 	}
 	none := func(role, flag string) bool { return false }
-	if got := strings.Join(plan(c, "u", "/d", none)[1].Args, " "); got != "--server u" {
+	if got := strings.Join(plan(c, dep, "u", "/d", none)[1].Args, " "); got != "--server u" {
 		t.Fatalf("supervisor args without optional flags %q", got)
 	}
 }
@@ -100,5 +103,42 @@ func TestFlagProbeMatchesBothStyles(t *testing.T) {
 		if got := helpHasFlag(c.help, c.flag); got != c.want {
 			t.Errorf("helpHasFlag(%q, %q) = %v", c.help, c.flag, got)
 		}
+	}
+}
+
+func TestDeploymentComesFromTheSchedulersFileUnderTheFlag(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "scheduler.yaml"), []byte("task_shards: 6\npartitions: 16\nworkers: 4\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cfg  Config
+		want deployment
+	}{
+		{Config{ConfigDir: dir}, deployment{TaskShards: 6, Partitions: 16}},
+		{Config{ConfigDir: dir, TaskShards: 2}, deployment{TaskShards: 2, Partitions: 16}},
+		{Config{ConfigDir: t.TempDir()}, deployment{TaskShards: 4, Partitions: 8}},
+	} {
+		got, err := deploymentOf(c.cfg)
+		if err != nil || got != c.want {
+			t.Errorf("deploymentOf(%+v) = %+v, %v; want %+v", c.cfg, got, err, c.want)
+		}
+	}
+}
+
+func TestChildrenDoNotInheritTheUsersNATSSettings(t *testing.T) {
+	t.Setenv("NATS_CA", "/x/ca.pem")
+	t.Setenv("NATS_CREDS", "/x/me.creds")
+	t.Setenv("NATS_INBOX_PREFIX", "_INBOX.me")
+	t.Setenv("NATS_URL", "tls://elsewhere:4222")
+	env := strings.Join(childEnv("nats://127.0.0.1:1", false), "\n")
+	for _, v := range []string{"NATS_CA=", "NATS_CREDS=", "NATS_INBOX_PREFIX=", "elsewhere"} {
+		if strings.Contains(env, v) {
+			t.Errorf("child environment has %s", v)
+		}
+	}
+	if !strings.Contains(env, "NATS_URL=nats://127.0.0.1:1") {
+		t.Error("child environment lacks the embedded server's URL")
 	}
 }

@@ -54,8 +54,10 @@ func agentCapabilities(i int) string {
 // plan lists the children to start. flags reports which optional flags a
 // role's binary accepts. Agents get a generated configuration file in
 // dataDir (see agentConfig); the scheduler and supervisor get
-// configs/<role>.yaml when it exists.
-func plan(c Config, url, dataDir string, flags func(role, flag string) bool) []Process {
+// configs/<role>.yaml when it exists. Every child is told the deployment's
+// task shards and partitions (dep) outright, so that a child's own file or
+// environment cannot disagree with the streams Run created.
+func plan(c Config, dep deployment, url, dataDir string, flags func(role, flag string) bool) []Process {
 	port := c.MetricsPort
 	nextMetrics := func() string {
 		if c.MetricsPort == 0 {
@@ -70,6 +72,7 @@ func plan(c Config, url, dataDir string, flags func(role, flag string) bool) []P
 		if cfg := filepath.Join(c.ConfigDir, role+".yaml"); fileExists(cfg) && flags(role, "--config") {
 			p.Args = append(p.Args, "--config", cfg)
 		}
+		p.Args = append(p.Args, dep.args(role, flags)...)
 		if addr := nextMetrics(); addr != "" && flags(role, "--metrics-addr") {
 			p.Args = append(p.Args, "--metrics-addr", addr)
 			p.MetricsURL = "http://" + addr + "/metrics"
@@ -80,6 +83,7 @@ func plan(c Config, url, dataDir string, flags func(role, flag string) bool) []P
 		id := fmt.Sprintf("agent-%d", i)
 		p := Process{Name: id, Role: RoleAgent,
 			Args: []string{"--server", url, "--id", id, "--pool", c.Pool, "--capabilities", agentCapabilities(i)}}
+		p.Args = append(p.Args, dep.args(RoleAgent, flags)...)
 		addr := nextMetrics()
 		if flags(RoleAgent, "--config") {
 			p.ConfigFile = filepath.Join(dataDir, "config", id+".yaml")
