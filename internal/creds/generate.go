@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -91,6 +92,11 @@ type Manifest struct {
 	Routes        []string          `json:"routes,omitempty"`
 	Users         map[string]string `json:"users"`   // identity → user public key
 	Revoked       map[string]int64  `json:"revoked"` // user public key → unix time
+
+	// Reissued lists the identities this run gave a new key because the
+	// key in their .creds file was revoked (Revoke keeps the file): their
+	// holders need the new file. Not stored.
+	Reissued []string `json:"-"`
 }
 
 // Paths in the generated directory.
@@ -130,6 +136,21 @@ func Generate(c Config) (*Manifest, error) {
 		return nil, fmt.Errorf("%s was made for task_shards %d, not %d: agents' credentials name their shard; "+
 			"generate a new directory for a new shard count", c.Dir, m.TaskShards, c.TaskShards)
 	}
+	// Agent ids must be unique across the deployment (see checkAgentID):
+	// refuse a clash before anything is written.
+	taken := maps.Clone(m.Users)
+	for _, a := range c.Agents {
+		pool, id, ok := strings.Cut(a, ".")
+		if !ok {
+			return nil, fmt.Errorf("agent %q: want <pool>.<id>", a)
+		}
+		id, _, _ = strings.Cut(id, "@")
+		if err := checkAgentID(taken, pool, id); err != nil {
+			return nil, err
+		}
+		taken[AgentIdentity(pool, id)] = ""
+	}
+
 	m.TaskShards, m.TLS, m.Routes = c.TaskShards, c.TLS, c.Routes
 
 	op, err := loadOrCreateKey(c.Dir, "operator", nkeys.CreateOperator)
@@ -258,20 +279,67 @@ func mintAgent(dir string, m *Manifest, sk nkeys.KeyPair, pool, id string, rotat
 	if err != nil {
 		return "", err
 	}
+	if err := checkAgentID(m.Users, pool, id); err != nil {
+		return "", err
+	}
 	path := AgentCredsPath(dir, pool, id)
 	return path, ensureUser(dir, m, sk, r, path, rotate)
+}
+
+// checkAgentID refuses agent <pool>.<id> when users (identity → key)
+// holds a credential for the same id in another pool. An agent's durable
+// task consumer is named by its id alone (streams.TaskConsumer) and its
+// credential grants the consumer API on <stream>.<id>, so two pools' agents
+// of one id landing on the same shard could pull, ack and delete each
+// other's tasks. Ids must therefore be unique across the deployment. A
+// revoked identity no longer counts: its credential is dead.
+func checkAgentID(users map[string]string, pool, id string) error {
+	for identity := range users {
+		rest, ok := strings.CutPrefix(identity, "agent.")
+		if !ok {
+			continue
+		}
+		if p, i, _ := strings.Cut(rest, "."); i == id && p != pool {
+			return fmt.Errorf("agent %s.%s: id %q is already minted in pool %q (%s); agent ids must be unique across "+
+				"the deployment (an agent's task consumer is named by its id alone): choose another id, or revoke %s first",
+				pool, id, id, p, identity, identity)
+		}
+	}
+	return nil
+}
+
+// usableKey parses the user key of a .creds file, unless the account
+// revoked it. Revoke leaves the file in place, and a JWT re-signed now
+// would be issued after the revocation time and so pass it: a revoked key
+// must never be signed again.
+func usableKey(m *Manifest, file []byte) (nkeys.KeyPair, bool) {
+	kp, err := jwt.ParseDecoratedNKey(file)
+	if err != nil {
+		return nil, false
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return nil, false
+	}
+	if _, revoked := m.Revoked[pub]; revoked {
+		return nil, true
+	}
+	return kp, false
 }
 
 // ensureUser writes a user credential for r signed by the account's
 // signing key, unless one exists and rotate is false. The JWT is always
 // re-signed with r's current permissions so that a regenerated directory
 // carries the code's permissions; rotate also replaces the user key and
-// revokes the old one.
+// revokes the old one. A key the account revoked is never reused: the
+// identity gets a new one (listed in m.Reissued).
 func ensureUser(dir string, m *Manifest, sk nkeys.KeyPair, r Role, path string, rotate bool) error {
 	var user nkeys.KeyPair
 	if old, err := os.ReadFile(path); err == nil && !rotate {
-		if kp, err := jwt.ParseDecoratedNKey(old); err == nil {
-			user = kp
+		kp, revoked := usableKey(m, old)
+		user = kp
+		if revoked {
+			m.Reissued = append(m.Reissued, r.Name)
 		}
 	}
 	if user == nil {
@@ -310,7 +378,11 @@ func ensureSysUser(dir string, m *Manifest, sys nkeys.KeyPair) error {
 	path := CredsPath(dir, "sys")
 	var user nkeys.KeyPair
 	if old, err := os.ReadFile(path); err == nil {
-		user, _ = jwt.ParseDecoratedNKey(old)
+		kp, revoked := usableKey(m, old)
+		user = kp
+		if revoked {
+			m.Reissued = append(m.Reissued, "sys")
+		}
 	}
 	if user == nil {
 		kp, err := nkeys.CreateUser()
@@ -345,6 +417,12 @@ func accountJWTs(dir string, m *Manifest) (string, string, error) {
 	ac.Name = AccountName
 	ac.SigningKeys.Add(m.SigningKey)
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	sc := jwt.NewAccountClaims(m.SystemAccount)
+	sc.Name = SystemName
+	// A revocation only counts in the account that issued the user, and the
+	// manifest does not say which one did (the sys user is the system
+	// account's): both accounts list every revoked key. A key of the other
+	// account's list matches none of an account's users.
 	revoked := make([]string, 0, len(m.Revoked))
 	for k := range m.Revoked {
 		revoked = append(revoked, k)
@@ -352,13 +430,12 @@ func accountJWTs(dir string, m *Manifest) (string, string, error) {
 	sort.Strings(revoked)
 	for _, k := range revoked {
 		ac.RevokeAt(k, time.Unix(m.Revoked[k], 0))
+		sc.RevokeAt(k, time.Unix(m.Revoked[k], 0))
 	}
 	accJWT, err := ac.Encode(op)
 	if err != nil {
 		return "", "", err
 	}
-	sc := jwt.NewAccountClaims(m.SystemAccount)
-	sc.Name = SystemName
 	sysJWT, err := sc.Encode(op)
 	if err != nil {
 		return "", "", err

@@ -125,10 +125,15 @@ func Roles(taskShards int) []Role {
 	}
 	read := slices.Clone(readData)
 
-	// NATS micro: discovery ($SRV) and the read endpoints
-	// warden.ops.<process>.<group>.<op>; admin endpoints have one more token
+	// NATS micro: the read endpoints warden.ops.<process>.<group>.<op>;
+	// admin endpoints have one more token
 	// (warden.ops.<process>.admin.<group>.<op>) and stay out of reach.
-	read = append(read, "$SRV.>", "warden.ops.*.*.*")
+	// Discovery ($SRV) is an operator's: the micro library answers it on
+	// whatever reply subject the request names, with the answering
+	// process's permissions (the job store, leases, task subjects), so a
+	// reader who could send it could write through the scheduler. Warden's
+	// own endpoints answer only on _INBOX. subjects.
+	read = append(read, "warden.ops.*.*.*")
 
 	// Operating it: change job records (cancel, retry), order agents,
 	// supervisors and schedulers (control subjects), retry and purge dead
@@ -143,7 +148,7 @@ func Roles(taskShards int) []Role {
 		"$JS.API.STREAM.PURGE." + streams.StreamSchedules,
 		"warden.control.>",
 		msgDelete(protocol.StreamDLQ), "$JS.API.STREAM.PURGE." + protocol.StreamDLQ,
-		"warden.ops.>",
+		"warden.ops.>", "$SRV.>",
 	})
 
 	// The deployment record (task shards, partitions) every process
@@ -272,13 +277,14 @@ func Agent(pool, id string, taskShards int) (Role, error) {
 			// The deployment record, read at start.
 			streamInfo("KV_" + protocol.BucketDeployment),
 			"$JS.API.DIRECT.GET.KV_" + protocol.BucketDeployment + ".$KV." + protocol.BucketDeployment + "." + protocol.KeyDeployment,
-			// Clusters: read definitions and state, write its own member report.
+			// Clusters: read definitions and state. Writing a member report
+			// is granted only by AgentInCluster, for the one cluster the
+			// agent is minted for (an agent joins only cfg.Cluster).
 			streamInfo("KV_" + protocol.BucketClusters),
 			"$JS.API.DIRECT.GET.KV_" + protocol.BucketClusters + ".>",
 			"$JS.API.CONSUMER.CREATE.KV_" + protocol.BucketClusters + ".>",
 			"$JS.API.CONSUMER.DELETE.KV_" + protocol.BucketClusters + ".*",
 			flowControl("KV_" + protocol.BucketClusters),
-			"$KV." + protocol.BucketClusters + ".*.member." + pool + "." + id,
 			protocol.ResultsPublishFilter(pool, id),
 			protocol.DLQSubject(pool, id),
 		},
@@ -336,10 +342,12 @@ var clusterEvents = []protocol.EventKind{
 	protocol.EventClusterRecovered, protocol.EventClusterRebalanced, protocol.EventClusterRequest,
 }
 
-// AgentInCluster is Agent plus what a member of cluster c needs to lead
-// it (docs/clusters.md): its cluster's state, sync and request keys, the
-// lease cluster.<c>, a watch of its own health record, and the cluster
-// events. Nothing of another cluster.
+// AgentInCluster is Agent plus what a member of cluster c needs to join
+// and lead it (docs/clusters.md): its own member report in c, its
+// cluster's state, sync and request keys, the lease cluster.<c>, a watch
+// of its own health record, and the cluster events. Nothing of another
+// cluster's keys. (The event subjects cannot be narrowed: an event's id
+// token is "<cluster>-<epoch>..." and NATS wildcards match whole tokens.)
 func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 	r, err := Agent(pool, id, taskShards)
 	if err != nil || c == "" {
@@ -352,6 +360,10 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		"$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
 	r.Pub = append(r.Pub,
+		// Its report (internal/cluster.Member writes it with a TTL and
+		// deletes it on leaving): in c alone, so that it cannot pose as a
+		// member of a cluster it was not minted for.
+		"$KV."+protocol.BucketClusters+"."+protocol.ClusterMemberKey(c, pool, id),
 		clusters+".state", clusters+".sync", clusters+".req.*",
 		streamInfo("KV_"+protocol.BucketLeases), leases,
 		"$JS.API.DIRECT.GET.KV_"+protocol.BucketLeases+"."+leases,

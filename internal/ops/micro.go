@@ -205,6 +205,11 @@ func RegisterMicro(nc *nats.Conn, o *Ops, process string, admin bool) (micro.Ser
 			name = "admin_" + name
 		}
 		h := micro.HandlerFunc(func(req micro.Request) {
+			if !protocol.ValidReplySubject(req.Reply()) {
+				// The requester chose the subject; the answer would go out
+				// with this process's permissions (protocol.ValidReplySubject).
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var r microRequest

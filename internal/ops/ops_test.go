@@ -252,3 +252,45 @@ func newOps(t *testing.T) (*ops.Ops, jetstream.JetStream, context.Context) {
 	}
 	return ops.New(nc, store), js, ctx
 }
+
+// A micro request names its own reply subject and the answer goes out with
+// the answering process's permissions: an endpoint answers only on an
+// inbox. Before, a reader could have the API (whose identity may write the
+// job store) write an answer over a job record.
+func TestMicroEndpointsAnswerOnlyOnAnInbox(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := jobstore.Open(c, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := ops.RegisterMicro(nc, ops.New(nc, st), ops.ServiceAPI, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }()
+	sink, err := nc.SubscribeSync("evil.sink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{"$KV." + protocol.BucketJobs + ".job.victim", "evil.sink"} {
+		if err := nc.PublishRequest("warden.ops.api.overview.get", to, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One endpoint's requests are handled in order: once this one is
+	// answered, the two before it were handled.
+	if _, err := nc.Request("warden.ops.api.overview.get", nil, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := sink.Pending(); n != 0 {
+		t.Fatalf("%d answers published on evil.sink", n)
+	}
+	if _, _, err := st.Job(c, "victim"); !errors.Is(err, jobstore.ErrNotFound) {
+		t.Fatalf("job.victim: %v, want not found (an answer was written as a job record)", err)
+	}
+}

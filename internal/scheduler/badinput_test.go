@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +51,10 @@ func TestForgedAndUnusableResultsAreRejected(t *testing.T) {
 	}{
 		{"wrong_token", protocol.ResultSubject("default", "holder", "job-forged", "s"), mustJSON(t, good)},
 		{"wrong_agent", protocol.ResultSubject("default", "evil", "job-forged", "s"), mustJSON(t, with(good, func(r *protocol.Result) { r.Agent = "evil" }))},
+		// The holder's id in another pool, with the holder's own token.
+		{"wrong_agent", protocol.ResultSubject("staging", "holder", "job-forged", "s"), mustJSON(t, with(good, func(r *protocol.Result) {
+			r.Pool, r.Token = "staging", st.Token
+		}))},
 		{"subject_mismatch", protocol.ResultSubject("default", "evil", "job-forged", "s"), mustJSON(t, good)},
 		{"bad_status", protocol.ResultSubject("default", "holder", "job-forged", "s"), mustJSON(t, with(good, func(r *protocol.Result) { r.Status = "bogus" }))},
 		{"unknown_step", protocol.ResultSubject("default", "holder", "job-forged", "nope"), mustJSON(t, with(good, func(r *protocol.Result) { r.StepID = "nope" }))},
@@ -180,5 +186,52 @@ func (b *bundle) events(t *testing.T, kind protocol.EventKind, id string) []prot
 		if json.Unmarshal(m.Data(), &e) == nil {
 			out = append(out, e)
 		}
+	}
+}
+
+// A submitter chooses the Warden-Reply-To subject, and the scheduler
+// answers with its own permissions: an answer anywhere but an inbox would
+// let a publisher write the job store, task subjects or leases. Before,
+// the reply overwrote the victim job's record.
+func TestReplyToOutsideAnInboxIsNotAnswered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	victim := b.submit(t, []byte(`{"name":"victim","steps":[{"id":"s","action":"echo"}]}`), "victim", "")
+	if victim.Error != "" {
+		t.Fatal(victim.Error)
+	}
+	sink, err := b.nc.SubscribeSync("evil.sink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i, to := range []string{protocol.JobKey("victim"), "evil.sink"} {
+		if strings.HasPrefix(to, "job.") {
+			to = "$KV." + protocol.BucketJobs + "." + to
+		}
+		msg := nats.NewMsg(protocol.SubmitSubject("attacker"))
+		msg.Data = []byte(`{"name":"attacker","steps":[{"id":"s","action":"echo"}]}`)
+		msg.Header.Set(protocol.HeaderJobID, "attacker")
+		msg.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("attacker-%d", i))
+		msg.Header.Set(protocol.HeaderReplyTo, to)
+		if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same job again, answered on an inbox: the scheduler handles one
+	// job's submissions in order, so once this answer is here the two
+	// before it have been handled (and answered, had they been).
+	if r := b.submit(t, []byte(`{"name":"attacker","steps":[{"id":"s","action":"echo"}]}`), "attacker", "attacker-2"); r.Error != "" || r.JobID != "attacker" {
+		t.Fatalf("third submission of attacker: %+v", r)
+	}
+	if n, _, _ := sink.Pending(); n != 0 {
+		t.Fatalf("%d answers published on evil.sink", n)
+	}
+	j, _, err := b.store.Job(context.Background(), "victim")
+	if err != nil || j.Name != "victim" {
+		t.Fatalf("victim's record was overwritten: %+v, %v", j, err)
 	}
 }

@@ -79,7 +79,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 			return // a redelivery after the write: the advance below is all that is left
 		}
 	}
-	fits := ok && r.Epoch == st.Epoch && st.State == jobstore.StepDispatched && r.Agent == st.Actor && st.TokenMatches(r.Token)
+	fits := ok && r.Epoch == st.Epoch && st.State == jobstore.StepDispatched && r.Agent == st.Actor && r.Pool == st.Pool && st.TokenMatches(r.Token)
 	if !fits && !jt.fresh {
 		// The cached records may be older than the store: another
 		// scheduler may have owned the job meanwhile (a partition moves
@@ -107,8 +107,11 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
 		return
 	}
-	if r.Agent != st.Actor {
-		w.s.rejectResult(jt, k, reasonWrongAgent, fmt.Errorf("step %s.%s is held by %s, not %s", r.JobID, r.StepID, st.Actor, r.Agent), r)
+	if r.Agent != st.Actor || r.Pool != st.Pool {
+		// The pool too: an agent id is unique within its pool, and an agent
+		// of another pool with the same id could read the holder's task
+		// (and its token) where both ids land on one task shard.
+		w.s.rejectResult(jt, k, reasonWrongAgent, fmt.Errorf("step %s.%s is held by %s/%s, not %s/%s", r.JobID, r.StepID, st.Pool, st.Actor, r.Pool, r.Agent), r)
 		return
 	}
 	if !st.TokenMatches(r.Token) {

@@ -116,6 +116,13 @@ func (s *Scheduler) replyTo(jt *jobTurn, in input, r protocol.SubmitReply) {
 	if to == "" {
 		return
 	}
+	if !protocol.ValidReplySubject(to) {
+		// The submitter chose the subject and the scheduler would publish
+		// there with its own permissions (the job store, task subjects).
+		s.log.Warn().Str(logging.FieldJob, in.job).Str("reply_to", to).
+			Msg("submission's Warden-Reply-To is not an inbox: not answered")
+		return
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return

@@ -89,9 +89,12 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 
 	// Subscribe before publishing: the scheduler may answer before
 	// PublishMsg returns, and a reply to an inbox nobody listens on is lost.
+	// A scheduler answers only on _INBOX. subjects
+	// (protocol.ValidReplySubject): a connection with another inbox prefix
+	// gets the PubAck's receipt, unconfirmed, rather than a wait for an
+	// answer that never comes.
 	var sub *nats.Subscription
-	if !o.NoReply {
-		inbox := c.nc.NewRespInbox()
+	if inbox := c.nc.NewRespInbox(); !o.NoReply && protocol.ValidReplySubject(inbox) {
 		sub, err = c.nc.SubscribeSync(inbox)
 		if err != nil {
 			return Receipt{}, fmt.Errorf("subscribe to reply inbox: %w", err)
@@ -115,7 +118,7 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 		r.Existing = true
 		return r, c.duplicateOf(ctx, r.JobID, ack.Sequence)
 	}
-	if o.NoReply {
+	if sub == nil {
 		return r, nil
 	}
 

@@ -235,3 +235,31 @@ func NewLeaseToken() string {
 //   - Set HeaderReplyTo to an inbox to receive a SubmitReply: the job id, or
 //     the validation error. The scheduler derives the job id the same way
 //     when the header is missing.
+
+// InboxRoot is the root of every subject a Warden process answers on.
+const InboxRoot = "_INBOX."
+
+// ValidReplySubject reports whether a process may answer on s: a subject
+// under InboxRoot with no empty token, no wildcard and no white space. The
+// requester chooses a reply subject (a message's reply, the
+// Warden-Reply-To header) and the answer goes out with the answering
+// process's own permissions, which reach the job store, task subjects and
+// leases: an answer on anything but an inbox would be a write the
+// requester could not make itself.
+func ValidReplySubject(s string) bool {
+	if len(s) <= len(InboxRoot) || s[:len(InboxRoot)] != InboxRoot || len(s) > 1024 {
+		return false
+	}
+	prev := byte('.')
+	for i := len(InboxRoot); i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.' && prev == '.', c <= ' ', c == 0x7f:
+			return false
+		case (c == '*' || c == '>') && prev == '.' && (i+1 == len(s) || s[i+1] == '.'):
+			return false
+		}
+		prev = c
+	}
+	return prev != '.'
+}

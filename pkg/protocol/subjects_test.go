@@ -41,3 +41,29 @@ func BenchmarkValidToken(b *testing.B) {
 		}
 	}
 }
+
+func TestValidReplySubject(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]bool{
+		"_INBOX.abc":                      true,
+		"_INBOX.publisher.abc.1":          true,
+		"_INBOX.a*b":                      true, // not a wildcard token
+		"_INBOX.":                         false,
+		"_INBOX":                          false,
+		"$KV.warden_jobs.job.x":           false,
+		"warden.task.0.default.a":         false,
+		"$JS.API.STREAM.PURGE.WARDEN_DLQ": false,
+		"_INBOX.a..b":                     false,
+		"_INBOX.a.":                       false,
+		"_INBOX.*":                        false,
+		"_INBOX.a.>":                      false,
+		"_INBOX.a b":                      false,
+		"_INBOX.a\tb":                     false,
+		"x_INBOX.a":                       false,
+		"_inbox.a":                        false,
+	} {
+		if got := ValidReplySubject(s); got != want {
+			t.Errorf("ValidReplySubject(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

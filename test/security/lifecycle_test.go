@@ -240,11 +240,12 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 	// Healing history (readonly).
 	d.must(t, creds.RoleReadonly, "healing", "ls")
 
-	// NATS micro: readonly discovers the services and calls their read
-	// endpoints; the admin endpoints are not within its reach.
-	ro := d.connect(t, creds.RoleReadonly)
+	// NATS micro: admin discovers the services ($SRV is an operator's:
+	// the library answers it on any reply subject); readonly calls their
+	// read endpoints, and the admin endpoints are not within its reach.
+	ro, adm := d.connect(t, creds.RoleReadonly), d.connect(t, creds.RoleAdmin)
 	for _, svc := range []string{"scheduler", "supervisor"} {
-		if _, err := ro.nc.Request("$SRV.PING.warden-"+svc, nil, 5*time.Second); err != nil {
+		if _, err := adm.nc.Request("$SRV.PING.warden-"+svc, nil, 5*time.Second); err != nil {
 			t.Fatalf("micro ping warden-%s: %v", svc, err)
 		}
 		for _, ep := range []string{"overview.get", "jobs.list", "agents.list", "queues.tasks", "dlq.list", "healing.actions", "healing.status", "failovers.list"} {
@@ -259,6 +260,9 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 	}
 	if got := ro.refusals(); len(got) != 0 {
 		t.Fatalf("readonly refused: %v", got)
+	}
+	if got := adm.refusals(); len(got) != 0 {
+		t.Fatalf("admin refused: %v", got)
 	}
 
 	// Nothing any process or command did was refused.

@@ -208,6 +208,9 @@ func TestReadonlyCannotChangeAnything(t *testing.T) {
 	}
 	for _, subj := range []string{
 		"$KV.warden_jobs.job.x",
+		// Discovery: answered on any reply subject, with the answering
+		// process's permissions.
+		"$SRV.PING", "$SRV.INFO.warden-scheduler",
 		"$KV.warden_presence.default.a1",
 		"$KV.warden_health.default.a1",
 		protocol.SubmitSubject("x"),
