@@ -11,7 +11,17 @@
 //     shell.allowed_commands, without a shell (no globbing, no expansion),
 //     with an environment made of PATH plus the task's env (the agent's own
 //     environment, which may hold credentials, is not passed on).
-//   - http talks only to hosts in http.allowed_hosts when that list is set.
+//   - The task chooses neither the program nor the code it loads: a command
+//     is found with the agent's PATH or is an absolute path (never relative
+//     to the task's dir), and the task's env may not set PATH, LD_*, DYLD_*,
+//     BASH_FUNC_*, the other loader and shell start-up variables, or a name
+//     that is not letters, digits and '_'; tool options such as MAKEFLAGS
+//     and GIT_* only when shell.allowed_env lists them, and only names it
+//     lists when it is set.
+//   - http talks only to hosts in http.allowed_hosts when that list is set,
+//     at every redirect too.
+//   - Error texts show a URL without its password, query values or
+//     fragment.
 //   - Every action honours its context: it returns soon after the context
 //     ends, with the context's cause.
 //

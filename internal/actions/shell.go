@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -23,8 +24,15 @@ const DefaultTailBytes = 4096
 type ShellConfig struct {
 	// AllowedCommands are the only commands shell runs, matched exactly
 	// against the command parameter ("/usr/bin/make" and "make" are
-	// different entries). Defaults to none: shell refuses everything.
+	// different entries). A name is looked up in the agent's PATH; an entry
+	// with a slash must be absolute. Defaults to none: shell refuses
+	// everything.
 	AllowedCommands []string `yaml:"allowed_commands"`
+	// AllowedEnv, when set, are the only variables a task's env may set.
+	// Defaults to none, which allows any variable except tool options such
+	// as MAKEFLAGS and GIT_*. PATH, LD_*, DYLD_*, BASH_FUNC_* and the other
+	// loader and shell start-up variables are refused either way.
+	AllowedEnv []string `yaml:"allowed_env"`
 	// TailBytes is how many trailing bytes of stdout and stderr go into the
 	// result. Defaults to 4096.
 	TailBytes int `yaml:"tail_bytes"`
@@ -42,9 +50,20 @@ const (
 	ExitPermanent = "permanent"
 )
 
-// Validate reports the first exit_codes entry that is not 1..255 mapped to
-// retriable or permanent.
+// Validate reports the first allowed_commands entry that is a relative
+// path, the first allowed_env entry no task may set, or the first exit_codes
+// entry that is not 1..255 mapped to retriable or permanent.
 func (c ShellConfig) Validate() error {
+	for i, cmd := range c.AllowedCommands {
+		if err := checkCommandPath(cmd); err != nil {
+			return fmt.Errorf("shell.allowed_commands[%d]: %w", i, err)
+		}
+	}
+	for i, name := range c.AllowedEnv {
+		if problem := neverAllowedEnv(name); problem != "" {
+			return fmt.Errorf("shell.allowed_env[%d]: %q %s", i, name, problem)
+		}
+	}
 	if err := checkExitCodes(c.ExitCodes); err != nil {
 		return fmt.Errorf("shell.exit_codes: %w", err)
 	}
@@ -96,13 +115,16 @@ func (e *ExitError) ErrorClass() string { return e.Class }
 
 // ShellParams are the parameters of shell.
 type ShellParams struct {
-	// Command to run, found in PATH unless it contains a slash. Required.
+	// Command to run, found in the agent's PATH unless it is an absolute
+	// path. Required.
 	Command string `json:"command"`
 	// Args are passed as they are: there is no shell to expand them.
 	Args []string `json:"args,omitempty"`
-	// Env is added to an environment holding only PATH.
+	// Env is added to an environment holding only the agent's PATH; see
+	// ShellConfig.AllowedEnv for the variables a task may set.
 	Env map[string]string `json:"env,omitempty"`
-	// Dir is the working directory. Defaults to the agent's.
+	// Dir is the working directory. Defaults to the agent's. It does not
+	// change which program Command names.
 	Dir string `json:"dir,omitempty"`
 	// Timeout kills the command after this long. Defaults to the task's deadline.
 	Timeout protocol.Duration `json:"timeout,omitempty"`
@@ -139,6 +161,12 @@ func Shell(cfg ShellConfig) Func {
 		if !slices.Contains(cfg.AllowedCommands, p.Command) {
 			return nil, Permanentf("%w: %q is not in shell.allowed_commands %q", ErrCommandNotAllowed, p.Command, cfg.AllowedCommands)
 		}
+		if err := checkCommandPath(p.Command); err != nil {
+			return nil, Permanentf("%w: %w", ErrCommandNotAllowed, err)
+		}
+		if err := checkEnv(p.Env, cfg.AllowedEnv); err != nil {
+			return nil, err
+		}
 		if err := checkExitCodes(p.ExitCodes); err != nil {
 			return nil, Permanentf("%w: field \"exit_codes\": %w", ErrInvalidParams, err)
 		}
@@ -165,9 +193,37 @@ func exitClass(cfg ShellConfig, p ShellParams, code int) string {
 	return ""
 }
 
+// checkCommandPath refuses a relative path with a slash ("./build.sh"): it
+// would be found in the task's dir, so the task would choose the program.
+func checkCommandPath(command string) error {
+	if strings.Contains(command, "/") && !filepath.IsAbs(command) {
+		return fmt.Errorf("%q has a slash but is not an absolute path, so it would be found in the task's dir", command)
+	}
+	return nil
+}
+
+// resolveCommand is the absolute path of command, found with the agent's own
+// PATH before the task's dir applies. A name found only through a relative
+// PATH entry (exec.ErrDot) is refused for the same reason as "./build.sh".
+func resolveCommand(command string) (string, error) {
+	if filepath.IsAbs(command) {
+		return command, nil
+	}
+	path, err := exec.LookPath(command)
+	if err != nil {
+		return "", Permanentf("shell: cannot start %s: %w", command, err)
+	}
+	return path, nil
+}
+
 func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error) {
 	tailBytes := cfg.TailBytes
-	cmd := exec.CommandContext(ctx, p.Command, p.Args...)
+	path, err := resolveCommand(p.Command)
+	if err != nil {
+		return ShellOutput{ExitCode: -1}, err
+	}
+	cmd := exec.CommandContext(ctx, path, p.Args...)
+	cmd.Args[0] = p.Command // the name the program sees, as before
 	cmd.Dir = p.Dir
 	cmd.Env = commandEnv(p.Env)
 	stdout, stderr := newTail(tailBytes), newTail(tailBytes)
@@ -175,7 +231,7 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	// A child that inherited the pipes must not keep us waiting after the
 	// command was killed.
 	cmd.WaitDelay = time.Second
-	err := cmd.Run()
+	err = cmd.Run()
 	out := ShellOutput{
 		ExitCode:   cmd.ProcessState.ExitCode(), // -1 when it did not start or was killed
 		StdoutTail: stdout.String(),
@@ -197,7 +253,8 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	return out, fmt.Errorf("shell: %s: %w", p.Command, err)
 }
 
-// commandEnv is PATH plus the task's variables, sorted for determinism.
+// commandEnv is the agent's PATH plus the task's variables (checked by
+// checkEnv, so none of them is PATH), sorted for determinism.
 func commandEnv(extra map[string]string) []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	keys := make([]string, 0, len(extra))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -95,6 +97,152 @@ func TestShellConfigExitCodes(t *testing.T) {
 		err := actions.ShellConfig{ExitCodes: bad.codes}.Validate()
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Validate(%v) = %v, want %q", bad.codes, err, bad.want)
+		}
+	}
+}
+
+// shellOK runs params and fails the test unless the command succeeded with
+// wantStdout.
+func shellOK(t *testing.T, shell actions.Func, params, wantStdout string) {
+	t.Helper()
+	out, err := shell(context.Background(), json.RawMessage(params))
+	if err != nil {
+		t.Fatalf("unexpected error %v", err)
+	}
+	if o, ok := out.(actions.ShellOutput); !ok || !strings.Contains(o.StdoutTail, wantStdout) {
+		t.Fatalf("output %#v, want stdout containing %q", out, wantStdout)
+	}
+}
+
+// shellRefused runs params and fails the test unless it was refused, before
+// running anything, with a permanent error wrapping target and containing want.
+func shellRefused(t *testing.T, shell actions.Func, params string, target error, want string) {
+	t.Helper()
+	out, err := shell(context.Background(), json.RawMessage(params))
+	if !errors.Is(err, target) || classOf(err) != "permanent" || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v (output %#v), want a permanent %q error containing %q", err, out, target, want)
+	}
+	if out != nil {
+		t.Fatalf("output %#v, want none: the command must not run", out)
+	}
+}
+
+// The allow-list names a program; a task's env must not change which code
+// that program runs.
+func TestShellEnv(t *testing.T) {
+	t.Parallel()
+	const open, listed = "without allowed_env", "with allowed_env"
+	shells := map[string]actions.Func{
+		open: actions.Shell(actions.ShellConfig{AllowedCommands: []string{"env"}}),
+		// PATH listed by mistake (Validate refuses it) must still be refused.
+		listed: actions.Shell(actions.ShellConfig{AllowedCommands: []string{"env"}, AllowedEnv: []string{"BUILD_ID", "MAKEFLAGS", "PATH"}}),
+	}
+	env := func(name string) string {
+		b, _ := json.Marshal(map[string]any{"command": "env", "env": map[string]string{name: "x"}})
+		return string(b)
+	}
+	t.Run("plain variable", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shells[open], env("BUILD_ID"), "BUILD_ID=x\n")
+		shellOK(t, shells[open], env("BUILD_ID"), "PATH="+os.Getenv("PATH")+"\n")
+	})
+	t.Run("listed variable", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shells[listed], env("MAKEFLAGS"), "MAKEFLAGS=x\n")
+	})
+	for _, c := range []struct {
+		config string
+		name   string
+		want   string
+	}{
+		{open, "PATH", `"PATH" may never be set by a task`},
+		{listed, "PATH", `"PATH" may never be set by a task`},
+		{open, "LD_PRELOAD", "dynamic loader"},
+		{listed, "LD_LIBRARY_PATH", "dynamic loader"},
+		{open, "LD_AUDIT", "dynamic loader"},
+		{open, "DYLD_INSERT_LIBRARIES", "dynamic loader"},
+		{open, "BASH_FUNC_echo%%", "shell function"},
+		{open, "BASH_ENV", `"BASH_ENV" may never be set`},
+		{open, "SHELLOPTS", `"SHELLOPTS" may never be set`},
+		{open, "PS4", `"PS4" may never be set`},
+		{open, "GCONV_PATH", `"GCONV_PATH" may never be set`},
+		// Would reach the child as PATH=/tmp/evil:=x.
+		{open, "PATH=/tmp/evil:", "not a valid variable name"},
+		{open, "x%%", "not a valid variable name"},
+		{open, "", "not a valid variable name"},
+		{open, "MAKEFLAGS", "list it in shell.allowed_env"},
+		{open, "GIT_CONFIG_COUNT", "list it in shell.allowed_env"},
+		{open, "GIT_SSH_COMMAND", "list it in shell.allowed_env"},
+		{open, "NODE_OPTIONS", "list it in shell.allowed_env"},
+		{listed, "OTHER", `"OTHER" is not in shell.allowed_env`},
+		{listed, "GIT_CONFIG_COUNT", "is not in shell.allowed_env"},
+	} {
+		t.Run(c.config+" refuses "+c.name, func(t *testing.T) {
+			t.Parallel()
+			shellRefused(t, shells[c.config], env(c.name), actions.ErrEnvNotAllowed, c.want)
+		})
+	}
+}
+
+// The task's dir is where the command runs, never where it is found.
+func TestShellCommandResolution(t *testing.T) {
+	t.Parallel()
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"build.sh", "echo"} {
+		script := "#!/bin/sh\necho from the task dir\n"
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	abs := filepath.Join(dir, "build.sh")
+	shell := actions.Shell(actions.ShellConfig{AllowedCommands: []string{"./build.sh", "echo", "sh", abs}})
+	params := func(command, dir string, args ...string) string {
+		b, _ := json.Marshal(actions.ShellParams{Command: command, Args: args, Dir: dir})
+		return string(b)
+	}
+	t.Run("refuses a relative path", func(t *testing.T) {
+		t.Parallel()
+		shellRefused(t, shell, params("./build.sh", dir), actions.ErrCommandNotAllowed, "not an absolute path")
+	})
+	t.Run("name found in the agent's PATH", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shell, params("echo", dir, "real echo"), "real echo\n")
+	})
+	t.Run("absolute path", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shell, params(abs, ""), "from the task dir\n")
+	})
+	t.Run("runs in the task dir", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shell, params("sh", dir, "-c", "pwd"), dir+"\n")
+	})
+	t.Run("program keeps its name", func(t *testing.T) {
+		t.Parallel()
+		shellOK(t, shell, params("sh", "", "-c", "echo $0"), "sh\n")
+	})
+}
+
+func TestShellConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := actions.ShellConfig{AllowedCommands: []string{"make", "/usr/bin/git"}, AllowedEnv: []string{"MAKEFLAGS", "GIT_AUTHOR_NAME"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate(%+v) = %v, want nil", ok, err)
+	}
+	for _, bad := range []struct {
+		cfg  actions.ShellConfig
+		want string
+	}{
+		{actions.ShellConfig{AllowedCommands: []string{"make", "./build.sh"}}, `shell.allowed_commands[1]: "./build.sh" has a slash but is not an absolute path`},
+		{actions.ShellConfig{AllowedCommands: []string{"bin/tool"}}, `shell.allowed_commands[0]: "bin/tool"`},
+		{actions.ShellConfig{AllowedEnv: []string{"BUILD_ID", "PATH"}}, `shell.allowed_env[1]: "PATH" may never be set by a task`},
+		{actions.ShellConfig{AllowedEnv: []string{"LD_PRELOAD"}}, `shell.allowed_env[0]: "LD_PRELOAD" may never be set`},
+		{actions.ShellConfig{AllowedEnv: []string{"A=B"}}, `"A=B" is not a valid variable name`},
+	} {
+		if err := bad.cfg.Validate(); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", bad.cfg, err, bad.want)
 		}
 	}
 }
