@@ -37,6 +37,11 @@ type Observation struct {
 	Succeeded, Failed, Lost int
 	// ConsecutiveFailures is the number of failures since the last success.
 	ConsecutiveFailures int
+	// LastFailure is when the latest of those failures was recorded; zero:
+	// not known (the streak counts in full, as if it had just happened). A
+	// streak whose latest failure is a window old or more is stale: it
+	// caps the level at degraded at worst (see Assess).
+	LastFailure time.Time
 	// InFlight and MaxConcurrent are the agent's last reported load.
 	InFlight, MaxConcurrent int
 	// QueueDepth is the number of tasks waiting for the agent.
@@ -137,7 +142,25 @@ func (a *Assessor) Assess(o Observation) Assessment {
 			capAt(Degraded, "%s %d ≥ %d", name, v, l.Degraded)
 		}
 	}
-	checkCount("consecutive failures", o.ConsecutiveFailures, th.ConsecutiveFailures)
+	// A streak decays once it has stopped for a window. An agent drained for
+	// its failures gets no task, so it can never record the success that
+	// ends the streak: counted forever, the streak would keep it critical
+	// (excluded from selection) long after the cause went away, and a pool
+	// that failed as a whole during an outage would never be tried again.
+	// So, like the rates, the streak counts only while it is recent; when
+	// its latest failure is a window old the agent is on probation: at best
+	// degraded (deprioritised but selectable, so the healer undrains it)
+	// until a success ends the streak. A failure on probation makes the
+	// streak recent again, at its full length: one more failure trips the
+	// unhealthy limit again at once, like a half-open circuit breaker.
+	if stale := !o.LastFailure.IsZero() && o.Now.Sub(o.LastFailure) >= cfg.Window.Std(); stale {
+		if o.ConsecutiveFailures >= th.ConsecutiveFailures.Degraded {
+			capAt(Degraded, "consecutive failures %d, the last %s ago ≥ window %s: on probation until a success",
+				o.ConsecutiveFailures, o.Now.Sub(o.LastFailure).Round(time.Millisecond), cfg.Window)
+		}
+	} else {
+		checkCount("consecutive failures", o.ConsecutiveFailures, th.ConsecutiveFailures)
+	}
 	checkCount("queue depth", o.QueueDepth, th.QueueDepth)
 	if finished >= cfg.MinTasks {
 		rate := float64(o.Failed+o.Lost) / float64(finished)

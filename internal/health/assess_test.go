@@ -205,3 +205,49 @@ func TestSuccessRate(t *testing.T) {
 		t.Errorf("18 of 20: success rate %v, want 0.9", got.SuccessRate)
 	}
 }
+
+// TestAssessStaleStreak: a streak counts in full while its latest failure
+// is less than a window old (or its time is not known), and caps the level
+// at degraded at worst from a window on.
+func TestAssessStaleStreak(t *testing.T) {
+	t.Parallel()
+	a := assessor(t, nil) // window 5m
+	window := a.Config().Window.Std()
+	cases := []struct {
+		name   string
+		streak int
+		ago    time.Duration // <0: LastFailure not known
+		level  health.Level
+		reason string
+	}{
+		{name: "recent", streak: 10, ago: window - time.Millisecond, level: health.Critical, reason: "consecutive failures 10 ≥ 10 (critical)"},
+		{name: "time not known", streak: 10, ago: -1, level: health.Critical, reason: "consecutive failures 10 ≥ 10 (critical)"},
+		{name: "a window old", streak: 10, ago: window, level: health.Degraded, reason: "on probation until a success (degraded)"},
+		{name: "long ago", streak: 50, ago: 24 * time.Hour, level: health.Degraded, reason: "on probation"},
+		{name: "short and stale", streak: 2, ago: window, level: health.Healthy},
+		{name: "degraded and stale", streak: 4, ago: window, level: health.Degraded, reason: "on probation"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			o := steady()
+			o.ConsecutiveFailures = c.streak
+			if c.ago >= 0 {
+				o.LastFailure = o.Now.Add(-c.ago)
+			}
+			as := a.Assess(o)
+			if as.Level != c.level {
+				t.Fatalf("level %s, reasons %q; want %s", as.Level, as.Reasons, c.level)
+			}
+			if c.reason == "" {
+				if len(as.Reasons) != 0 {
+					t.Fatalf("reasons %q, want none", as.Reasons)
+				}
+				return
+			}
+			if len(as.Reasons) == 0 || !strings.Contains(as.Reasons[0], c.reason) {
+				t.Fatalf("reasons %q, want the first to contain %q", as.Reasons, c.reason)
+			}
+		})
+	}
+}

@@ -29,6 +29,14 @@
 // heartbeat_timeout makes it failed. The score itself is not changed by the
 // thresholds; Reasons say why the level is what it is.
 //
+// Like the rates, a streak of consecutive failures counts only while it is
+// recent: once its latest failure is a window old, the agent (which, drained,
+// gets no task that could end the streak with a success) is on probation,
+// at best degraded instead of at best unhealthy_level, so it is undrained
+// and tried again. A success ends the streak; a failure makes it recent
+// again at its full length, so a still-broken agent is unhealthy again after
+// one task.
+//
 // A Tracker is fed heartbeats (protocol.Presence, with cumulative succeeded
 // and failed counters) and derives the Observation of each agent over a
 // sliding window.

@@ -22,6 +22,9 @@ import (
 // starts again from zero (the success may have come last). The estimate is
 // never above the truth, so the consecutive-failures threshold never fires
 // wrongly; the failure-rate threshold covers agents that mix successes in.
+// The tracker also keeps when the streak's latest failure was recorded, so
+// that the Assessor can tell a streak still growing from one that stopped
+// a window ago (Observation.LastFailure).
 type Tracker struct {
 	assessor *Assessor
 	mu       sync.Mutex
@@ -33,6 +36,7 @@ type tracked struct {
 	lastReceived time.Time
 	samples      []sample // oldest first
 	consecutive  int
+	lastFailure  time.Time // when the streak's latest failure was recorded; zero: no streak
 	queueDepth   int
 	selfReported *float64
 	utilisation  *float64
@@ -80,14 +84,16 @@ func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 	restarted := !p.StartedAt.Equal(a.last.StartedAt) || p.Succeeded < a.last.Succeeded || p.Failed < a.last.Failed
 	if restarted {
 		s.succeeded, s.failed = int(p.Succeeded), int(p.Failed)
-		a.consecutive = 0
+		a.consecutive, a.lastFailure = 0, time.Time{}
 	} else {
 		s.succeeded, s.failed = int(p.Succeeded-a.last.Succeeded), int(p.Failed-a.last.Failed)
 	}
-	if s.succeeded > 0 {
-		a.consecutive = 0
-	} else {
+	switch {
+	case s.succeeded > 0:
+		a.consecutive, a.lastFailure = 0, time.Time{}
+	case s.failed > 0:
 		a.consecutive += s.failed
+		a.lastFailure = now
 	}
 	a.samples = append(a.samples, s)
 	a.last, a.lastReceived = p, now
@@ -126,6 +132,7 @@ func (t *Tracker) RecordLost(key string, n int, now time.Time) {
 	if a, ok := t.agents[key]; ok {
 		a.samples = append(a.samples, sample{at: now, lost: n})
 		a.consecutive += n
+		a.lastFailure = now
 		t.prune(a, now)
 	}
 }
@@ -209,6 +216,7 @@ func (t *Tracker) observe(a *tracked, now time.Time) Observation {
 		LastHeartbeat:       a.lastReceived,
 		ExpectedInterval:    a.interval,
 		ConsecutiveFailures: a.consecutive,
+		LastFailure:         a.lastFailure,
 		InFlight:            a.last.InFlight,
 		MaxConcurrent:       a.last.MaxConcurrent,
 		QueueDepth:          a.queueDepth,

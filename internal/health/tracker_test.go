@@ -1,6 +1,7 @@
 package health_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -224,5 +225,88 @@ func TestTrackerUsesReportedFactors(t *testing.T) {
 	as, _ = tr.Assess(key, now)
 	if as.Level != health.Healthy {
 		t.Errorf("after recovery: %s %q", as.Level, as.Reasons)
+	}
+}
+
+// TestTrackerStreakDecays: an agent drained for 10 consecutive failures gets
+// no task, so it never records the success that would end its streak. Once
+// the streak is a window old it must be selectable again (probation:
+// degraded), not critical forever; a failure on probation trips it again at
+// once, and a success clears it.
+func TestTrackerStreakDecays(t *testing.T) {
+	t.Parallel()
+	tr := tracker(t, nil) // window 5m, heartbeats every 1s, min_tasks 5
+	window := tr.Assessor().Config().Window.Std()
+	a := newAgentSim("a")
+	key := protocol.PresenceKey("p", "a")
+	now := t0
+	tr.Heartbeat(a.p, now)
+	beat := func(s, f uint64) health.Assessment {
+		now = now.Add(time.Second)
+		tr.Heartbeat(a.beat(time.Second, s, f), now)
+		as, _ := tr.Assess(key, now)
+		return as
+	}
+	for range 10 { // a downstream outage: every task fails
+		beat(0, 1)
+	}
+	if as, _ := tr.Assess(key, now); as.Level != health.Critical {
+		t.Fatalf("10 consecutive failures: %s %q, want critical", as.Level, as.Reasons)
+	}
+	lastFailure := now
+
+	// Drained: heartbeats only. The streak holds for the window...
+	for now.Before(lastFailure.Add(window - time.Second)) {
+		if as := beat(0, 0); as.Level != health.Critical {
+			t.Fatalf("%s after the last failure: %s %q, want still critical", now.Sub(lastFailure), as.Level, as.Reasons)
+		}
+	}
+	// ...and no longer once it is a window old.
+	for range 2 {
+		beat(0, 0)
+	}
+	as, _ := tr.Assess(key, now)
+	if as.Level == health.Critical || as.Level == health.Failed {
+		t.Fatalf("%s after the last failure (window %s), no task since: %s %q, want selectable again",
+			now.Sub(lastFailure), window, as.Level, as.Reasons)
+	}
+	if as.Level != health.Degraded || len(as.Reasons) == 0 || !strings.Contains(as.Reasons[0], "on probation") {
+		t.Fatalf("stale streak: %s %q, want degraded on probation", as.Level, as.Reasons)
+	}
+	if o, _ := tr.Observation(key, now); o.ConsecutiveFailures != 10 || !o.LastFailure.Equal(lastFailure) {
+		t.Fatalf("observation: %d consecutive failures, last %s; want 10, %s", o.ConsecutiveFailures, o.LastFailure, lastFailure)
+	}
+
+	// Tried again and still failing: critical after one task.
+	if as := beat(0, 1); as.Level != health.Critical {
+		t.Fatalf("failure on probation: %s %q, want critical again", as.Level, as.Reasons)
+	}
+	// A quiet window later it is on probation again; a success ends it.
+	for range int(window/time.Second) + 1 {
+		beat(0, 0)
+	}
+	if as, _ := tr.Assess(key, now); as.Level != health.Degraded {
+		t.Fatalf("second quiet window: %s %q, want degraded", as.Level, as.Reasons)
+	}
+	if as := beat(1, 0); as.Level != health.Healthy {
+		t.Fatalf("success on probation: %s %q, want healthy", as.Level, as.Reasons)
+	}
+}
+
+// TestTrackerRestartEndsStreak: a restarted agent starts a new streak.
+func TestTrackerRestartEndsStreak(t *testing.T) {
+	t.Parallel()
+	tr := tracker(t, func(c *health.Config) { c.MinTasks = 1000 })
+	a := newAgentSim("a")
+	key := protocol.PresenceKey("p", "a")
+	now := t0
+	tr.Heartbeat(a.p, now)
+	now = now.Add(time.Second)
+	tr.Heartbeat(a.beat(time.Second, 0, 10), now)
+	a.p.StartedAt, a.p.Succeeded, a.p.Failed = now, 0, 0
+	now = now.Add(time.Second)
+	tr.Heartbeat(a.beat(time.Second, 0, 0), now)
+	if o, _ := tr.Observation(key, now); o.ConsecutiveFailures != 0 || !o.LastFailure.IsZero() {
+		t.Fatalf("after restart: %d consecutive failures, last %s; want none", o.ConsecutiveFailures, o.LastFailure)
 	}
 }

@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"regexp"
 	"strings"
 	"time"
 
@@ -28,10 +29,31 @@ type Rule struct {
 	Retriable bool `yaml:"retriable" json:"retriable"`
 }
 
+// runtimeRules match texts the agent runtime writes itself, not the
+// handler. They are checked before permanentRules: pkg/agent prefixes a
+// handler's error with agent.ErrDeadline ("step deadline reached") only
+// when the handler's context ended because the step's deadline or timeout
+// passed, so whatever the handler made of the cancellation ("...: invalid
+// connection") is a consequence of the timeout, and the step is retried as
+// one (see runHandler in pkg/agent/process.go). The texts it produces:
+// "step deadline reached[: step timeout 30s][: <handler error>]",
+// "step deadline reached: passed before the handler could start" and
+// "handler did not return after cancellation: step deadline reached".
+var runtimeRules = []Rule{
+	{Match: "step deadline reached", Class: "timeout", Retriable: true},
+}
+
 // permanentRules are checked before retriableRules, so "invalid parameter:
 // timeout must be positive" is permanent. Within a list the first match
 // names the class.
 var permanentRules = []Rule{
+	// An expired (or not yet valid) TLS certificate: "x509: certificate has
+	// expired or is not yet valid". Without this rule the retriable
+	// "expired" rule below (meant for a task's queue ttl) would retry it,
+	// but a certificate is renewed by an operator, not within the seconds
+	// or minutes of a backoff: the retries would only delay the failure and
+	// file it under the wrong class.
+	{Match: "certificate has expired", Class: "certificate"},
 	{Match: "unknown action", Class: "unknown_action"},
 	{Match: "not allowed", Class: "not_allowed"},
 	{Match: "permission denied", Class: "permission_denied"},
@@ -69,10 +91,33 @@ var retriableRules = []Rule{
 	{Match: "shutting down", Class: "shutdown", Retriable: true},
 }
 
-// BuiltinRules returns the built-in rules in the order they are checked
-// (permanent first).
+// BuiltinRules returns the built-in rules in the order they are checked:
+// the agent runtime's own texts, then the permanent rules, then the
+// retriable ones.
 func BuiltinRules() []Rule {
-	return append(append([]Rule(nil), permanentRules...), retriableRules...)
+	return append(append(append([]Rule(nil), runtimeRules...), permanentRules...), retriableRules...)
+}
+
+// addressText matches the parts of an error text that name where a request
+// went rather than what went wrong: URLs with a scheme (Go's url.Error
+// quotes them: Post "https://x/api/validation": ...; up to a space or a
+// quote, so a bracketed IPv6 host stays inside), network addresses with a
+// port whose host is dotted or bracketed (dial tcp invalid.example.com:443,
+// [::1]:5432), and the name in a resolver's "lookup <host>". Written in
+// lower case: it runs on the lowered text.
+var addressText = regexp.MustCompile(
+	`[a-z][a-z0-9+.-]*://[^\s"'<>` + "`" + `]*` +
+		`|\blookup\s+[^\s:]+` +
+		`|(?:\[[0-9a-f:.%a-z]*\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)+):[0-9]+\b`)
+
+// withoutAddresses blanks the URLs and addresses in a lowered error text,
+// so that the built-in rules match what went wrong and not where: a
+// "validation" or "invalid" in a path or host name must not make a
+// connection refused permanent. Dotted names without a port are kept: they
+// are as often an exception's class (java.util.concurrent.TimeoutException)
+// as a host.
+func withoutAddresses(text string) string {
+	return addressText.ReplaceAllString(text, " ")
 }
 
 // Classification configures Classify.
@@ -136,9 +181,13 @@ type Decision struct {
 // (protocol.ClassRetriable, protocol.ClassPermanent, or a common alias such
 // as "transient" or "fatal"); retryAfter is the delay it asked for. An
 // explicit class wins; a retry-after without a class means retriable;
-// otherwise errText is matched against cfg.Rules, then the built-in
-// permanent rules, then the built-in retriable ones; anything else follows
-// cfg.RetryUnclassified.
+// otherwise errText is matched against cfg.Rules, then the built-in rules
+// (the agent runtime's deadline text, then permanent, then retriable ones);
+// anything else follows cfg.RetryUnclassified.
+//
+// The built-in rules ignore URLs and network addresses in errText (see
+// withoutAddresses); cfg.Rules see the whole text, since an operator may
+// mean to match a host.
 func Classify(class, errText string, retryAfter time.Duration, cfg Classification) Decision {
 	after := func() time.Duration {
 		if retryAfter <= 0 {
@@ -159,14 +208,27 @@ func Classify(class, errText string, retryAfter time.Duration, cfg Classificatio
 		return Decision{Retriable: true, Class: ClassRetriable, After: after()}
 	}
 	text := strings.ToLower(errText)
-	for _, rules := range [][]Rule{cfg.Rules, permanentRules, retriableRules} {
-		for _, r := range rules {
-			if m := strings.ToLower(strings.TrimSpace(r.Match)); m != "" && strings.Contains(text, m) {
-				return Decision{Retriable: r.Retriable, Class: r.Class, Match: m}
-			}
+	if d, ok := match(cfg.Rules, text); ok {
+		return d
+	}
+	text = withoutAddresses(text)
+	for _, rules := range [][]Rule{runtimeRules, permanentRules, retriableRules} {
+		if d, ok := match(rules, text); ok {
+			return d
 		}
 	}
 	return Decision{Retriable: cfg.RetryUnclassified, Class: ClassUnclassified}
+}
+
+// match returns the decision of the first rule whose text occurs in text
+// (lower case).
+func match(rules []Rule, text string) (Decision, bool) {
+	for _, r := range rules {
+		if m := strings.ToLower(strings.TrimSpace(r.Match)); m != "" && strings.Contains(text, m) {
+			return Decision{Retriable: r.Retriable, Class: r.Class, Match: m}, true
+		}
+	}
+	return Decision{}, false
 }
 
 // normaliseClass maps the class names agents in any language may send to

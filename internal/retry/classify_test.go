@@ -85,6 +85,24 @@ func TestClassify(t *testing.T) {
 		{name: "timed out", msg: "shell: command timed out after 50ms", retriable: true, wantClass: "timeout"},
 		{name: "deadline", msg: "context deadline exceeded", retriable: true, wantClass: "timeout"},
 		{name: "step deadline", msg: "step deadline reached: step timeout 30s", retriable: true, wantClass: "timeout"},
+		// The texts pkg/agent's runHandler builds around agent.ErrDeadline.
+		{name: "sdk deadline", err: agent.ErrDeadline, retriable: true, wantClass: "timeout"},
+		{name: "sdk deadline before start", err: fmt.Errorf("%w: passed before the handler could start", agent.ErrDeadline), retriable: true, wantClass: "timeout"},
+		{name: "sdk deadline abandoned", err: fmt.Errorf("handler did not return after cancellation: %w", agent.ErrDeadline), retriable: true, wantClass: "timeout"},
+		{name: "sdk deadline wraps the handler's error", err: fmt.Errorf("%w: %w", agent.ErrDeadline, errors.New("query users: invalid connection")), retriable: true, wantClass: "timeout"},
+		{name: "sdk deadline of a typed error", err: fmt.Errorf("%w: %w", agent.ErrDeadline, agent.Permanent(errors.New("bad input"))), retriable: false, wantClass: "permanent"},
+		// URLs and addresses name where a request went, not what went wrong.
+		{name: "validation in a quoted url", msg: `Post "https://x/api/validation": dial tcp 10.0.0.1:443: connect: connection refused`, retriable: true, wantClass: "connection"},
+		{name: "invalid in a url path", msg: `Get "https://api.example.com/v1/invalid-items?id=3": read tcp 10.0.0.1:51234->10.0.0.2:443: read: connection reset by peer`, retriable: true, wantClass: "connection"},
+		{name: "invalid in a url host", msg: `Get "https://invalid.example.com/": net/http: request canceled (Client.Timeout exceeded while awaiting headers)`, retriable: true, wantClass: "timeout"},
+		{name: "invalid in an unquoted url", msg: "http: GET http://x/items/invalid: status 503, expected 200", retriable: true, wantClass: "unavailable"},
+		{name: "validation in an ipv6 url", msg: `Post "http://[fd00::1]:8080/validation": dial tcp [fd00::1]:8080: connect: connection refused`, retriable: true, wantClass: "connection"},
+		{name: "invalid in a host:port", msg: "dial tcp invalid-db.example.com:5432: connect: connection refused", retriable: true, wantClass: "connection"},
+		{name: "invalid in a looked-up host", msg: "dial tcp: lookup invalid.example.com on 10.0.0.2:53: read udp 10.0.0.1:40000->10.0.0.2:53: i/o timeout", retriable: true, wantClass: "timeout"},
+		{name: "text after a url still counts", msg: `Post "https://x/api": validation failed: name too long`, retriable: false, wantClass: "validation"},
+		{name: "dotted exception names are not hosts", msg: "java.util.concurrent.TimeoutException: after 30000 ms", retriable: true, wantClass: "timeout"},
+		// A certificate is renewed by an operator, not by a backoff.
+		{name: "expired certificate", msg: `Get "https://x/": tls: failed to verify certificate: x509: certificate has expired or is not yet valid: current time 2026-01-02T03:04:05Z is after 2025-12-31T00:00:00Z`, retriable: false, wantClass: "certificate"},
 		{name: "refused", msg: "dial tcp [::1]:5432: connect: Connection Refused", retriable: true, wantClass: "connection"},
 		{name: "reset", msg: "read tcp: connection reset by peer", retriable: true, wantClass: "connection"},
 		{name: "unavailable", msg: "rpc error: code = Unavailable", retriable: true, wantClass: "unavailable"},
@@ -129,6 +147,7 @@ func TestClassifyConfig(t *testing.T) {
 	cfg.Rules = []retry.Rule{
 		{Match: "Quota Exceeded", Class: "quota", Retriable: true},
 		{Match: "not found in cache", Class: "cache_miss", Retriable: true},
+		{Match: "payments.example.com", Class: "payments", Retriable: true},
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -141,6 +160,8 @@ func TestClassifyConfig(t *testing.T) {
 		{"quota exceeded for project p", true, "quota"},
 		{"key k not found in cache", true, "cache_miss"}, // custom rules come before built-in ones
 		{"key k not found", false, "not_found"},
+		// The operator's rules see the whole text, URLs included.
+		{`Post "https://payments.example.com/charge": EOF`, true, "payments"},
 		{"exit status 3", true, "unclassified"},
 	}
 	for _, c := range cases {

@@ -6,12 +6,16 @@
 //     explicit class from the agent wins (the Go SDK's typed errors, or
 //     error_class in another language's result payload); otherwise the error
 //     text is matched against rules: the operator's own rules first, then the
-//     built-in permanent patterns (validation, permission denied, not found,
-//     invalid parameters ...), then the built-in retriable ones (timeouts,
-//     connection refused/reset, unavailable, temporary, stale heartbeat, queue
-//     expiry ...). Anything else follows Classification.RetryUnclassified,
-//     false by default: an unknown failure is permanent, the conservative
-//     choice.
+//     Go SDK's deadline text ("step deadline reached": a timeout, whatever
+//     the handler's error after it says), then the built-in permanent
+//     patterns (validation, permission denied, not found, invalid
+//     parameters, expired certificate ...), then the built-in retriable ones
+//     (timeouts, connection refused/reset, unavailable, temporary, stale
+//     heartbeat, queue expiry ...). The built-in rules ignore URLs and
+//     network addresses in the text, so a "validation" in a request's path
+//     does not make a refused connection permanent. Anything else follows
+//     Classification.RetryUnclassified, false by default: an unknown failure
+//     is permanent, the conservative choice.
 //   - Backoff (Policy.Delay, Policy.Next): retry n (0 for the first retry)
 //     waits min(base_backoff × multiplier^n, max_backoff) scaled by a factor
 //     drawn uniformly from [1 − jitter, 1 + jitter]. The randomness is

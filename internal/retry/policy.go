@@ -108,15 +108,39 @@ func (p Policy) Nominal(n int) time.Duration {
 // Delay is the delay of retry n (0 for the first retry): Nominal(n) scaled
 // by 1 − jitter + 2 × jitter × rnd(). rnd returns a value in [0, 1), as
 // math/rand/v2.Float64 does (used when rnd is nil); values outside are
-// clamped. The result lies in [Nominal×(1−jitter), Nominal×(1+jitter)]: the
-// jitter may take it up to max_backoff × (1 + jitter).
+// clamped, and NaN counts as 0.5 (no jitter). The result lies in
+// [Nominal×(1−jitter), Nominal×(1+jitter)]: the jitter may take it up to
+// max_backoff × (1 + jitter). It is never negative, even for a policy that
+// fails Validate.
 func (p Policy) Delay(n int, rnd func() float64) time.Duration {
 	if rnd == nil {
 		rnd = rand.Float64
 	}
-	u := min(max(rnd(), 0), 1)
+	u := rnd()
+	if math.IsNaN(u) {
+		// min and max pass NaN through, and time.Duration(NaN) is the most
+		// negative Duration: a retry due before it failed.
+		u = 0.5
+	}
+	u = min(max(u, 0), 1)
 	factor := 1 - p.Jitter + 2*p.Jitter*u
-	return time.Duration(float64(p.Nominal(n)) * factor)
+	return durationOf(float64(p.Nominal(n)) * factor)
+}
+
+// durationOf converts nanoseconds to a Duration in [0, math.MaxInt64]: a
+// float conversion out of int64's range (or of NaN) is
+// implementation-defined in Go, and on amd64 yields the most negative
+// Duration. Only a policy that fails Validate (jitter outside 0..1 or NaN,
+// a negative base_backoff, a max_backoff near the int64 limit) gets here
+// with such a value.
+func durationOf(ns float64) time.Duration {
+	switch {
+	case math.IsNaN(ns) || ns <= 0:
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 // Next says whether a step that failed with d after retriesDone retries is

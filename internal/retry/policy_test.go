@@ -68,6 +68,39 @@ func TestDelayExtremes(t *testing.T) {
 // TestDelaySpread draws 10,000 delays per retry: all within the bounds, the
 // mean near the nominal delay, both halves and both outer tenths of the
 // range reached.
+// TestDelayNeverNegative: a bad random value (NaN, ±Inf) or a policy that
+// fails Validate must not make a retry due before the failure it follows.
+func TestDelayNeverNegative(t *testing.T) {
+	t.Parallel()
+	p := retry.DefaultPolicy()
+	for _, u := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		got := p.Delay(0, func() float64 { return u })
+		if got < 800*time.Millisecond || got > 1200*time.Millisecond {
+			t.Errorf("Delay(0, %g) = %s, want within [0.8s, 1.2s]", u, got)
+		}
+	}
+	if got := p.Delay(0, func() float64 { return math.NaN() }); got != time.Second {
+		t.Errorf("Delay(0, NaN) = %s, want the nominal 1s (NaN means no jitter)", got)
+	}
+	bad := func(edit func(*retry.Policy)) retry.Policy {
+		q := retry.DefaultPolicy()
+		edit(&q)
+		return q
+	}
+	for name, q := range map[string]retry.Policy{
+		"jitter 3":          bad(func(q *retry.Policy) { q.Jitter = 3 }),
+		"jitter NaN":        bad(func(q *retry.Policy) { q.Jitter = math.NaN() }),
+		"negative backoff":  bad(func(q *retry.Policy) { q.BaseBackoff = -protocol.Duration(time.Second) }),
+		"max_backoff limit": bad(func(q *retry.Policy) { q.BaseBackoff, q.MaxBackoff = math.MaxInt64, math.MaxInt64 }),
+	} {
+		for _, u := range []float64{0, 0.5, 1, math.NaN()} {
+			if got := q.Delay(0, func() float64 { return u }); got < 0 {
+				t.Errorf("%s: Delay(0, %g) = %s, want ≥ 0", name, u, got)
+			}
+		}
+	}
+}
+
 func TestDelaySpread(t *testing.T) {
 	t.Parallel()
 	p := retry.DefaultPolicy()
