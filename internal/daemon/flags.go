@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/wardenhq/warden/internal/config"
+	"github.com/wardenhq/warden/internal/logging"
 )
 
 // EnvName is the environment variable that sets a flag: NATS_URL and
@@ -68,6 +69,11 @@ func (p Process[C]) resolveConfig(args []string, out, usage io.Writer, env func(
 	fs, opts = p.flagSet(&cfg, io.Discard)
 	if err := parse(fs, args, env); err != nil {
 		return cfg, false, err
+	}
+	if cm := p.Common(&cfg); cm.LogLevel != nil {
+		if err := logging.CheckLevel(*cm.LogLevel); err != nil {
+			return cfg, false, fmt.Errorf("config: %w", err)
+		}
 	}
 	if p.Finish != nil {
 		if err := p.Finish(&cfg); err != nil {

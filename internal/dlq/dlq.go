@@ -168,6 +168,9 @@ func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 
 // reopen is Reopen for a step in one of the states from.
 func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time, from ...jobstore.StepState) error {
+	if err := refuseUndone(ctx, store, jobID); err != nil {
+		return err
+	}
 	for range 8 {
 		st, rev, err := store.Step(ctx, jobID, stepID)
 		if err != nil {
@@ -188,6 +191,24 @@ func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 		return reopenJob(ctx, store, jobID, now)
 	}
 	return jobstore.ErrConflict
+}
+
+// refuseUndone refuses to reopen a step of a job whose compensation ran
+// (or runs): the completed steps' effects were undone, and compensation is
+// planned once per job, so a reopened forward step would run beside the
+// undo (compensation_failed) or end the job succeeded with its work undone
+// (compensated). Such a job is submitted again instead.
+func refuseUndone(ctx context.Context, store *jobstore.Store, jobID string) error {
+	job, _, err := store.Job(ctx, jobID)
+	if err != nil {
+		return err
+	}
+	switch job.State {
+	case jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed:
+		return fmt.Errorf("%w: job %s is %s: its completed steps were undone, so its steps cannot be reopened; submit the job again",
+			ErrWrongState, jobID, job.State)
+	}
+	return nil
 }
 
 func reopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {

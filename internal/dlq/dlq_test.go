@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,6 +196,39 @@ func TestRetryOfALetterWhoseStepEndedOtherwiseIsRefused(t *testing.T) {
 	}
 	if job, _, err := b.store.Job(ctx, "job-c"); err != nil || job.State != jobstore.JobFailed {
 		t.Fatalf("job after a refused retry: %+v %v", job, err)
+	}
+}
+
+// A compensated job's completed steps were undone, and compensation is
+// planned once per job: reopening its failed step ended the job succeeded
+// with its work undone (or, compensation_failed, ran forward and undo work
+// side by side). Job retry and dlq retry refuse it.
+func TestReopenOfACompensatedJobIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	o := ops.New(b.nc, b.store)
+	for _, state := range []jobstore.JobState{jobstore.JobCompensated, jobstore.JobCompensationFailed} {
+		id := "job-" + strings.ReplaceAll(string(state), "_", "-")
+		b.deadLettered(t, id)
+		job, rev, err := b.store.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		job.State = state
+		if _, err := b.store.UpdateJob(ctx, job, rev); err != nil {
+			t.Fatal(err)
+		}
+		if steps, err := o.RetryJob(ctx, id); !errors.Is(err, dlq.ErrWrongState) {
+			t.Fatalf("job retry of a %s job: reopened %v, %v", state, steps, err)
+		}
+		letter := b.letter(t, id, "s", protocol.DLQPoison, `{}`)
+		if _, err := b.q.Retry(ctx, b.store, letter); !errors.Is(err, dlq.ErrWrongState) {
+			t.Fatalf("dlq retry of a %s job's letter: %v", state, err)
+		}
+		if st, _, err := b.store.Step(ctx, id, "s"); err != nil || st.State != jobstore.StepDeadLettered {
+			t.Fatalf("%s job's step after refused retries: %+v %v", state, st, err)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package logging
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -29,6 +30,17 @@ func init() {
 // overrides the terminal detection.
 func New(component, level string) zerolog.Logger {
 	return NewTo(os.Stderr, component, level)
+}
+
+// CheckLevel reports a level New would not know; empty is the default.
+// New itself falls back to info, so a process checks its configured level
+// at start: a typo must not quietly log at another level.
+func CheckLevel(level string) error {
+	switch strings.ToLower(level) {
+	case "", "debug", "info", "warn", "error":
+		return nil
+	}
+	return fmt.Errorf("log_level must be debug, info, warn or error, got %q", level)
 }
 
 // NewTo is New with an explicit writer.
