@@ -152,6 +152,27 @@ func TestLimitLoweredWhileEverySlotIsBusyHolds(t *testing.T) {
 	}
 }
 
+// A lowered limit is what the heartbeat reports as max_concurrent, so that
+// selection counts the slots the agent uses; it used to report the
+// configured number and keep a full share of tasks coming.
+func TestHeartbeatReportsTheLimitInForce(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	cfg.MaxConcurrent = 4
+	b := setup(t, cfg, nil)
+	natstest.Eventually(t, 5*time.Second, "a heartbeat with max_concurrent 4", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.MaxConcurrent == 4
+	})
+	if r := b.control(t, protocol.Control{Op: protocol.ControlLimit, Value: 1}); !r.OK {
+		t.Fatalf("limit: %+v", r)
+	}
+	natstest.Eventually(t, 5*time.Second, "a heartbeat with max_concurrent 1", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.MaxConcurrent == 1
+	})
+}
+
 // A step cancelled while it waits to run (a suspect waiting to run alone)
 // ends cancelled, unrun. It used to be handed back, and its redelivery,
 // carrying no cancel, ran.

@@ -76,7 +76,11 @@ func (a *Agent) presence() protocol.Presence {
 		Capabilities:  a.cfg.Capabilities,
 		Actions:       a.allowedNames,
 		Labels:        a.cfg.Labels,
-		MaxConcurrent: a.cfg.MaxConcurrent,
+		// The slots it runs now: max_concurrent, or fewer after a limit
+		// order (the healer's reduce_load). Reporting the configured number
+		// left selection counting slots the agent would not use, so a
+		// limited agent kept a full share of tasks queued behind the limit.
+		MaxConcurrent: int(a.limit.Load()),
 		InFlight:      s.InFlight,
 		Succeeded:     s.Succeeded,
 		Failed:        s.Failed,
