@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -257,5 +258,25 @@ func TestDevRunsAResizedDeployment(t *testing.T) {
 	names := strings.Join(streamNames, " ")
 	if !strings.Contains(names, "WARDEN_TASKS_1") || strings.Contains(names, "WARDEN_TASKS_2") {
 		t.Fatalf("streams %s, want task shards 0 and 1 only", names)
+	}
+}
+
+// A taken metrics port is named, with the flag that moves it, before
+// anything starts; it used to crash the scheduler at start and end the
+// sandbox with "child process exited".
+func TestDevNamesATakenMetricsPort(t *testing.T) {
+	t.Parallel()
+	bin := binaries(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	port := l.Addr().(*net.TCPAddr).Port
+	var out syncBuffer
+	err = dev.Run(context.Background(), dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs",
+		Out: &out, Agents: 1, MetricsPort: port})
+	if err == nil || errors.Is(err, dev.ErrChildExited) || !strings.Contains(err.Error(), "--metrics-port") {
+		t.Fatalf("got %v, want an error naming --metrics-port\n%s", err, out.String())
 	}
 }
