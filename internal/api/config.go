@@ -50,6 +50,18 @@ type Token struct {
 	TokenFile string `yaml:"token_file"`
 }
 
+// Redacted is c with inline token secrets and URL passwords replaced, for
+// --print-config.
+func (c Config) Redacted() Config {
+	c.Tokens = append([]Token(nil), c.Tokens...)
+	for i := range c.Tokens {
+		if c.Tokens[i].Token != "" {
+			c.Tokens[i].Token = "(redacted)"
+		}
+	}
+	return c
+}
+
 // Config configures `warden api`. configs/api.yaml writes out every default.
 type Config struct {
 	NATS natsconn.Options `yaml:"nats"`

@@ -145,3 +145,26 @@ func TestEveryProcessRefusesAnUnknownLogLevel(t *testing.T) {
 		}
 	}
 }
+
+// --print-config output ends up in tickets and chat: an inline bearer
+// token and a password in a NATS URL are printed redacted.
+func TestPrintConfigHidesSecrets(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "api.yaml")
+	body := "nats:\n  server: nats://u:hunter2@a:4222,nats://tok3n@b:4222\ntokens:\n  - name: ops\n    scope: admin\n    token: s3cr3t-s3cr3t-s3cr3t-s3cr3t\n"
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if _, printed, err := API.resolve([]string{"--config", file, "--print-config"}, &out, &bytes.Buffer{}, envOf(nil)); err != nil || !printed {
+		t.Fatalf("--print-config: %v\n%s", err, out.String())
+	}
+	for _, secret := range []string{"hunter2", "tok3n", "s3cr3t"} {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("--print-config shows %q:\n%s", secret, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "name: ops") || !strings.Contains(out.String(), "@a:4222") {
+		t.Fatalf("--print-config lost what is not secret:\n%s", out.String())
+	}
+}

@@ -81,9 +81,17 @@ func (p Process[C]) resolveConfig(args []string, out, usage io.Writer, env func(
 		}
 	}
 	if opts.printConfig {
+		// Printed configs end up in tickets and chat: no secret in them.
+		shown := cfg
+		if r, ok := any(shown).(interface{ Redacted() C }); ok {
+			shown = r.Redacted()
+		}
+		if cm := p.Common(&shown); cm.NATS != nil {
+			cm.NATS.URL = cm.NATS.RedactedURL()
+		}
 		enc := yaml.NewEncoder(out)
 		enc.SetIndent(2)
-		if err := enc.Encode(cfg); err != nil {
+		if err := enc.Encode(shown); err != nil {
 			return cfg, false, err
 		}
 		return cfg, true, enc.Close()

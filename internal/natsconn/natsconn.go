@@ -32,6 +32,26 @@ type Options struct {
 	Name string `yaml:"-"`
 }
 
+// RedactedURL is URL with every password (and a token standing alone as
+// the user) replaced, for printing: nats://user:pass@host is a legal URL
+// even if docs/security.md says to keep secrets out of them.
+func (o Options) RedactedURL() string {
+	parts := strings.Split(o.URL, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, ok := u.User.Password(); ok {
+			parts[i] = u.Redacted()
+		} else {
+			u.User = url.User("xxxxx")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
 // WithEnv fills empty fields from NATS_URL and NATS_CREDS, then defaults.
 func (o Options) WithEnv() Options {
 	if o.URL == "" {
