@@ -11,7 +11,7 @@ import (
 
 // Duration is a time.Duration written as a Go duration string ("30s") in JSON
 // and YAML, so specs and payloads stay readable. JSON numbers are accepted as
-// nanoseconds.
+// nanoseconds. Decoding refuses negative durations, in either form.
 type Duration time.Duration
 
 // Std returns the value as a time.Duration.
@@ -43,6 +43,10 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		var n int64
 		if err2 := json.Unmarshal(b, &n); err2 != nil {
 			return fmt.Errorf("duration must be a string like \"30s\": %w", err)
+		}
+		// As for a string ("-1s"): no duration here means a time back.
+		if n < 0 {
+			return fmt.Errorf("invalid duration %d (nanoseconds): negative", n)
 		}
 		*d = Duration(n)
 		return nil

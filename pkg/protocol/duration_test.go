@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +59,28 @@ func TestDurationJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(in), &d); err == nil {
 			t.Errorf("%s decoded as %s, want an error", in, d)
 		}
+	}
+}
+
+// A JSON number is nanoseconds: a negative one is refused, as "-1s" is.
+func TestDurationJSONRejectsNegativeNumber(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{`-1`, `-3600000000000`, `{"timeout":-5000000000}`} {
+		var v struct {
+			Timeout protocol.Duration `json:"timeout"`
+		}
+		var err error
+		if in[0] == '{' {
+			err = json.Unmarshal([]byte(in), &v)
+		} else {
+			err = json.Unmarshal([]byte(in), &v.Timeout)
+		}
+		if err == nil || !strings.Contains(err.Error(), "negative") {
+			t.Errorf("%s decoded as %s, %v; want an error saying negative", in, v.Timeout, err)
+		}
+	}
+	var d protocol.Duration
+	if err := json.Unmarshal([]byte(`0`), &d); err != nil || d != 0 {
+		t.Errorf("0 decoded as %s, %v", d, err)
 	}
 }

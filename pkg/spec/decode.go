@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -14,6 +15,8 @@ import (
 // Limits bound what a spec may contain.
 type Limits struct {
 	// MaxBytes is the largest encoded spec accepted. Defaults to 256 KiB.
+	// It bounds the spec as submitted, a YAML spec with its aliases
+	// expanded, and the spec encoded as JSON as the scheduler stores it.
 	MaxBytes int
 	// MaxSteps is the largest number of steps. Defaults to 1000.
 	MaxSteps int
@@ -34,6 +37,11 @@ func (l Limits) withDefaults() Limits {
 
 // Parse decodes a spec in JSON (first non-space byte '{') or YAML, rejecting
 // unknown fields, then validates it.
+//
+// A spec Parse accepts is one the scheduler can store: its params are
+// JSON values (YAML's non-string map keys are written as strings, .nan and
+// .inf are refused) and the spec encoded as JSON, as the job store encodes
+// it, is within l.MaxBytes, as is a YAML spec with its aliases expanded.
 func Parse(b []byte, l Limits) (*Job, error) {
 	l = l.withDefaults()
 	if len(b) > l.MaxBytes {
@@ -53,17 +61,65 @@ func Parse(b []byte, l Limits) (*Job, error) {
 		if dec.More() {
 			return nil, invalid(ReasonMalformed, "", "trailing data after the JSON object")
 		}
+		// JSON params are JSON values already: no normalising.
 	} else {
-		dec := yaml.NewDecoder(bytes.NewReader(trimmed))
-		dec.KnownFields(true)
-		if err := dec.Decode(&j); err != nil && !errors.Is(err, io.EOF) {
-			return nil, decodeError(err)
+		if err := decodeYAML(trimmed, l, &j); err != nil {
+			return nil, err
+		}
+		if err := j.normaliseParams(); err != nil {
+			return nil, err
 		}
 	}
 	if err := j.Validate(l); err != nil {
 		return nil, err
 	}
+	if err := j.checkStorable(l); err != nil {
+		return nil, err
+	}
 	return &j, nil
+}
+
+// decodeYAML decodes the one document of a YAML spec into j.
+func decodeYAML(b []byte, l Limits, j *Job) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	err := dec.Decode(&boundedJob{j: j, limit: l.MaxBytes})
+	switch {
+	case errors.Is(err, io.EOF):
+		// No document at all (comments only): Validate says what is missing.
+		return nil
+	case err != nil:
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			return ve // from boundedJob
+		}
+		return decodeError(err)
+	}
+	// A YAML stream may hold several documents; the decoder reads one at a
+	// time, so the ones after the first would be silently dropped. A
+	// further document that is empty (a trailing "---", as some tools
+	// write) carries nothing and is let through.
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil || !emptyDocument(&extra) {
+			line := ""
+			if err == nil {
+				line = fmt.Sprintf(" (the second starts at line %d)", extra.Line)
+			}
+			return invalid(ReasonMalformed, "", "the YAML holds more than one document%s: a spec is one document, remove the \"---\" separator or submit each job on its own", line)
+		}
+	}
+}
+
+// emptyDocument reports whether a document node holds nothing: no node,
+// or a null.
+func emptyDocument(doc *yaml.Node) bool {
+	return len(doc.Content) == 0 ||
+		len(doc.Content) == 1 && doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null"
 }
 
 var (

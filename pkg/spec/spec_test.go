@@ -1,6 +1,7 @@
 package spec_test
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -108,6 +109,8 @@ func TestMaxStepsLimit(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("name: x\nsteps: [{id: a, action: echo}]"))
 	f.Add([]byte(`{"name":"x","steps":[{"id":"a","action":"echo","depends_on":["a"]}]}`))
+	f.Add([]byte("name: x\nsteps: [{id: a, action: echo, params: {ports: {80: http}}}]"))
+	f.Add([]byte("name: x\nsteps: [{id: a, action: echo, params: {v: [.inf, &s abc, *s]}}]"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		j, err := spec.Parse(b, spec.Limits{})
 		if err != nil {
@@ -118,6 +121,14 @@ func FuzzParse(f *testing.F) {
 		}
 		if err := j.Validate(spec.Limits{}); err != nil {
 			t.Fatalf("parsed spec fails validation: %v", err)
+		}
+		// What Parse accepts, the scheduler can store (json.Marshal).
+		stored, err := json.Marshal(j)
+		if err != nil {
+			t.Fatalf("parsed spec does not encode as JSON: %v", err)
+		}
+		if len(stored) > spec.DefaultLimits.MaxBytes {
+			t.Fatalf("parsed spec is %d bytes as JSON, over the limit", len(stored))
 		}
 	})
 }

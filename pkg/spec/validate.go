@@ -61,7 +61,13 @@ func (j *Job) Validate(l Limits) error {
 		if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
 			return invalid(ReasonInvalidValue, f+".max_retries", "must be between 0 and 100, got %d", *s.MaxRetries)
 		}
+		if err := validDuration(f+".timeout", s.Timeout); err != nil {
+			return err
+		}
 		if o := s.RetryOverride(); o != nil {
+			if err := validRetryDurations(f+".retry", o); err != nil {
+				return err
+			}
 			if err := o.Apply(retry.DefaultPolicy()).Validate(); err != nil {
 				return invalid(ReasonInvalidValue, f+".retry", "%v", err)
 			}

@@ -75,8 +75,38 @@ const CompensationSuffix = "_compensate"
 // CompensationID is the id of the compensation step of step id.
 func CompensationID(step string) string { return step + CompensationSuffix }
 
-// maxDelay bounds delay, run_at and ttl: a year ahead.
+// maxDelay bounds delay, run_at and ttl: a year ahead. It bounds every
+// other duration of a spec too (validDuration): expires_in (ttl's older
+// name), timeouts and retry backoffs, which the scheduler adds to times
+// and to other durations (a timeout plus the dispatch grace is a lease):
+// unbounded, a valid duration such as 2562047h overflows those sums.
 const maxDelay = 366 * 24 * time.Hour
+
+// validDuration checks a duration of the spec: 0 to maxDelay. Decoding
+// refuses negative durations already; a Job built in Go may still hold one.
+func validDuration(field string, d protocol.Duration) error {
+	if d < 0 {
+		return invalid(ReasonInvalidValue, field, "must not be negative, got %s", d)
+	}
+	if d.Std() > maxDelay {
+		return invalid(ReasonInvalidValue, field, "at most %s, got %s", maxDelay, d)
+	}
+	return nil
+}
+
+// validRetryDurations bounds the backoffs a retry override sets; the
+// retry package checks the rest (positive, max_backoff >= base_backoff).
+func validRetryDurations(field string, o *retry.Override) error {
+	if o.BaseBackoff != nil {
+		if err := validDuration(field+".base_backoff", *o.BaseBackoff); err != nil {
+			return err
+		}
+	}
+	if o.MaxBackoff != nil {
+		return validDuration(field+".max_backoff", *o.MaxBackoff)
+	}
+	return nil
+}
 
 // StartAt is when a job submitted at submitted may start: run_at, or
 // submitted + delay, or the zero time (at once).
@@ -161,18 +191,27 @@ func (j *Job) validateWorkflow() error {
 	if j.RunAt != nil && j.Delay > 0 {
 		return invalid(ReasonInvalidValue, "run_at", "set run_at or delay, not both")
 	}
-	if j.Delay.Std() > maxDelay {
-		return invalid(ReasonInvalidValue, "delay", "at most %s, got %s", maxDelay, j.Delay)
+	if err := validDuration("delay", j.Delay); err != nil {
+		return err
 	}
 	if j.ExpiresAt != nil && j.TTL > 0 {
 		return invalid(ReasonInvalidValue, "expires_at", "set expires_at or ttl, not both")
 	}
-	if j.TTL.Std() > maxDelay {
-		return invalid(ReasonInvalidValue, "ttl", "at most %s, got %s", maxDelay, j.TTL)
+	if err := validDuration("ttl", j.TTL); err != nil {
+		return err
 	}
 	if j.RunAt != nil && j.ExpiresAt != nil && !j.ExpiresAt.After(*j.RunAt) {
 		return invalid(ReasonInvalidValue, "expires_at", "the job would expire (%s) before it may start (run_at %s)",
 			j.ExpiresAt.Format(time.RFC3339), j.RunAt.Format(time.RFC3339))
+	}
+	// maxDelay bounds run_at as it bounds delay. Only a time ahead is
+	// bounded: a spec validated again later (a delayed job when it is
+	// released) is never refused for this.
+	if j.RunAt != nil {
+		if limit := time.Now().Add(maxDelay); j.RunAt.After(limit) {
+			return invalid(ReasonInvalidValue, "run_at", "at most %s ahead, that is until %s, got %s",
+				maxDelay, limit.UTC().Format(time.RFC3339), j.RunAt.Format(time.RFC3339))
+		}
 	}
 	if err := validConcurrency("concurrency", j.Concurrency); err != nil {
 		return err
@@ -200,8 +239,12 @@ func (j *Job) validateWorkflow() error {
 		if s.ExpiresAt != nil && max(s.TTL, s.ExpiresIn) > 0 {
 			return invalid(ReasonInvalidValue, f+".expires_at", "set expires_at or ttl, not both")
 		}
-		if s.TTL.Std() > maxDelay {
-			return invalid(ReasonInvalidValue, f+".ttl", "at most %s, got %s", maxDelay, s.TTL)
+		if err := validDuration(f+".ttl", s.TTL); err != nil {
+			return err
+		}
+		// expires_in is ttl by its older name: the same bound.
+		if err := validDuration(f+".expires_in", s.ExpiresIn); err != nil {
+			return err
 		}
 		if err := validConcurrency(f+".concurrency", s.Concurrency); err != nil {
 			return err
@@ -257,7 +300,13 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 	if c.MaxRetries != nil && (*c.MaxRetries < 0 || *c.MaxRetries > 100) {
 		return invalid(ReasonInvalidValue, field+".max_retries", "must be between 0 and 100, got %d", *c.MaxRetries)
 	}
+	if err := validDuration(field+".timeout", c.Timeout); err != nil {
+		return err
+	}
 	if c.Retry != nil {
+		if err := validRetryDurations(field+".retry", c.Retry); err != nil {
+			return err
+		}
 		if err := c.Retry.Apply(retry.DefaultPolicy()).Validate(); err != nil {
 			return invalid(ReasonInvalidValue, field+".retry", "%v", err)
 		}

@@ -49,11 +49,14 @@ func TestWorkflowFieldsRejected(t *testing.T) {
 
 func TestWorkflowFieldsAccepted(t *testing.T) {
 	t.Parallel()
+	// run_at may be at most a year ahead (maxDelay): a day from now.
+	runAt := time.Now().UTC().Add(24 * time.Hour).Truncate(time.Second)
+	expiresAt := runAt.Add(time.Hour)
 	in := `
 name: charge
 priority: high
-run_at: "2030-01-01T00:00:00Z"
-expires_at: 2030-01-01T01:00:00Z
+run_at: "` + runAt.Format(time.RFC3339) + `"
+expires_at: ` + expiresAt.Format(time.RFC3339) + `
 concurrency: {key: customer-42, limit: 1}
 steps:
   - id: reserve
@@ -72,14 +75,14 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := time.Date(2029, 12, 31, 0, 0, 0, 0, time.UTC)
-	if got := j.StartAt(sub); !got.Equal(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) {
+	sub := runAt.Add(-24 * time.Hour)
+	if got := j.StartAt(sub); !got.Equal(runAt) {
 		t.Fatalf("start %v", got)
 	}
 	if got := j.StepExpiryAt(j.Steps[1], sub); !got.Equal(sub.Add(30 * time.Second)) {
 		t.Fatalf("step expiry %v", got)
 	}
-	if got := j.StepExpiryAt(j.Steps[0], sub); !got.Equal(time.Date(2030, 1, 1, 1, 0, 0, 0, time.UTC)) {
+	if got := j.StepExpiryAt(j.Steps[0], sub); !got.Equal(expiresAt) {
 		t.Fatalf("job expiry on step %v", got)
 	}
 	if j.StepPriority(j.Steps[0]) != spec.PriorityHigh || j.StepPriority(j.Steps[1]) != spec.PriorityCritical {
