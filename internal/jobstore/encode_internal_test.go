@@ -4,8 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // fill sets every settable field reachable from v to a value that is not
@@ -110,4 +114,34 @@ func TestRecordEncodingMatchesEncodingJSON(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A step that fails again and again with long errors (an agent's error may
+// be as long as its max_result_bytes, and '<' is six bytes encoded) keeps a
+// record that fits a message: its result could not be written otherwise,
+// and was redelivered forever.
+func TestAStepFailingWithLongErrorsStaysWritable(t *testing.T) {
+	t.Parallel()
+	st := &Step{JobID: "j", ID: "s", State: StepPending, Desired: StepSucceeded, MaxRetries: 1000, Timeout: protocol.Duration(time.Minute)}
+	now := time.Now().UTC()
+	long := strings.Repeat("<", 8192) + "é"
+	for i := range 200 {
+		if err := st.Dispatch("a1", "", now, time.Second); err != nil {
+			t.Fatalf("dispatch %d: %v", i, err)
+		}
+		if _, err := st.ApplyResult(protocol.Result{Epoch: st.Epoch, Agent: "a1", Status: protocol.ResultFailed, Error: long}, true, now); err != nil {
+			t.Fatalf("result %d: %v", i, err)
+		}
+	}
+	b := appendStep(nil, st)
+	if len(b) > 1<<20-64<<10 {
+		t.Fatalf("the record is %d bytes after 200 failures, over the payload limit's margin", len(b))
+	}
+	if len(st.Attempts) != MaxAttempts || st.Attempts[len(st.Attempts)-1].Epoch != st.Epoch {
+		t.Fatalf("%d attempts kept, the last at epoch %d (step at %d)", len(st.Attempts), st.Attempts[len(st.Attempts)-1].Epoch, st.Epoch)
+	}
+	if !utf8.ValidString(st.LastError) || !strings.Contains(st.LastError, "bytes cut") {
+		t.Fatalf("last_error not clipped clean: %q...", st.LastError[:40])
+	}
+	t.Logf("record: %d bytes after 200 failures with 8 KiB errors", len(b))
 }

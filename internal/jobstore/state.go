@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -37,7 +38,40 @@ func (s *Step) Dispatch(agent, token string, now time.Time, grace time.Duration)
 	s.LockedUntil = now.Add(s.Timeout.Std() + grace)
 	s.UpdatedAt = now
 	s.Attempts = append(s.Attempts, Attempt{Epoch: s.Epoch, Agent: agent, StartedAt: now, Status: string(StepDispatched)})
+	if n := len(s.Attempts); n > MaxAttempts {
+		// Only the latest: a step retried or taken back without end (a
+		// reroute does not count as an attempt) must not outgrow a message.
+		s.Attempts = append(s.Attempts[:0], s.Attempts[n-MaxAttempts:]...)
+	}
 	return nil
+}
+
+// A step record must stay well inside the server's max_payload (1 MiB by
+// default) however its step fails: an agent's error text may be as long as
+// its max_result_bytes (256 KiB), escaping can make it six times longer
+// stored, and every dispatch adds an attempt. A record that outgrew the
+// limit could no longer be written: its result was redelivered forever.
+const (
+	// MaxAttempts is how many of a step's latest dispatches its record
+	// keeps (Attempts; their epochs say which).
+	MaxAttempts = 50
+	// MaxAttemptErrorBytes bounds an attempt's error text.
+	MaxAttemptErrorBytes = 1024
+	// MaxLastErrorBytes bounds a step's last_error.
+	MaxLastErrorBytes = 8192
+)
+
+// clip shortens s to at most n bytes (on a character boundary), saying how
+// much was cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 32 // room for the note
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (%d bytes cut)", len(s)-cut)
 }
 
 // Outcome is what applying a result did to a step.
@@ -71,14 +105,14 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 		a.FinishedAt = r.FinishedAt
 		a.Agent = r.Agent
 		a.Status = r.Status
-		a.Error = r.Error
+		a.Error = clip(r.Error, MaxAttemptErrorBytes)
 		a.Class = r.ErrorClass
 	}
 	s.LockedUntil = time.Time{}
 	if r.Status != protocol.ResultSucceeded && r.ErrorClass == protocol.ClassReroute && s.Desired != StepCancelled {
 		// A cluster member refused the task (docs/clusters.md): it ran
 		// nothing, so this dispatch is not an attempt; route it again.
-		s.State, s.Actor, s.LastError = StepPending, "", r.Error
+		s.State, s.Actor, s.LastError = StepPending, "", clip(r.Error, MaxLastErrorBytes)
 		s.Attempt = max(s.Attempt-1, 0)
 		return OutcomeRetry, nil
 	}
@@ -89,7 +123,7 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 		return OutcomeSucceeded, nil
 	}
 	s.ErrorCount++
-	s.LastError = r.Error
+	s.LastError = clip(r.Error, MaxLastErrorBytes)
 	if s.Desired == StepCancelled {
 		s.State = StepCancelled
 		s.FinishedAt = now
