@@ -209,10 +209,20 @@ func Compute(in Input) (protocol.ClusterState, []protocol.Event) {
 	sort.Slice(next.Members, func(i, j int) bool { return next.Members[i].Key < next.Members[j].Key })
 
 	// The epoch: the leader's lease term (active_passive), or a counter
-	// that grows whenever the set of members taking work changes.
+	// that grows whenever the set of members taking work changes. It never
+	// decreases: the counter can run past the lease's revision, so a term
+	// that starts below the previous epoch (after a mode change) takes the
+	// next one instead, and keeps it for the rest of the term.
 	switch {
 	case def.Mode == protocol.ModeActivePassive:
 		next.Epoch = in.LeaseEpoch
+		sameTerm := prev.Mode == def.Mode && prev.Leader == in.Leader && prev.LeaseEpoch == in.LeaseEpoch
+		switch {
+		case sameTerm:
+			next.Epoch = max(next.Epoch, prev.Epoch)
+		case prev.Epoch >= next.Epoch:
+			next.Epoch = prev.Epoch + 1
+		}
 	case prev.Epoch == 0 || prev.Mode != def.Mode || !slices.Equal(prevTakers(prev), takers):
 		next.Epoch = max(prev.Epoch+1, in.LeaseEpoch)
 	default:

@@ -262,3 +262,36 @@ func TestDefinitionParse(t *testing.T) {
 		t.Error("unknown field accepted")
 	}
 }
+
+// Epochs never decrease, across mode changes too: the sharded counter can
+// run past the leader's lease revision, and switching to active_passive
+// must not go back to that revision.
+func TestModeChangeNeverLowersEpoch(t *testing.T) {
+	t.Parallel()
+	d := def(protocol.ModeSharded, 1, 3, 0, targets(10)...)
+	s, _ := Compute(Input{Def: d, Members: members("a", "b", "c"), Leader: "p.a", LeaseEpoch: 5, Now: t0})
+	s, _ = Compute(Input{Def: d, Prev: s, Members: members("a", "b", "-c"), Leader: "p.a", LeaseEpoch: 5, Now: t0})
+	s, _ = Compute(Input{Def: d, Prev: s, Members: members("a", "-b", "-c"), Leader: "p.a", LeaseEpoch: 5, Now: t0})
+	if s.Epoch != 7 {
+		t.Fatalf("sharded epoch %d, want 7", s.Epoch)
+	}
+	d.Mode = protocol.ModeActivePassive
+	ap, _ := Compute(Input{Def: d, Prev: s, Members: members("a", "-b", "-c"), Leader: "p.a", LeaseEpoch: 5, Now: t0})
+	if ap.Epoch <= s.Epoch {
+		t.Fatalf("sharded -> active_passive lowered the epoch: %d -> %d", s.Epoch, ap.Epoch)
+	}
+	// The rest of the term keeps it.
+	again, _ := Compute(Input{Def: d, Prev: ap, Members: members("a", "b", "-c"), Leader: "p.a", LeaseEpoch: 5, Now: t0})
+	if again.Epoch != ap.Epoch {
+		t.Fatalf("same term, epoch %d -> %d", ap.Epoch, again.Epoch)
+	}
+	// A new term with a lease below it still goes up; one above takes the lease.
+	b1, _ := Compute(Input{Def: d, Prev: again, Members: members("-a", "b", "-c"), Leader: "p.b", LeaseEpoch: 6, Now: t0})
+	if b1.Epoch != again.Epoch+1 {
+		t.Fatalf("new term with lease 6 after epoch %d: %d", again.Epoch, b1.Epoch)
+	}
+	c1, _ := Compute(Input{Def: d, Prev: b1, Members: members("-a", "-b", "c"), Leader: "p.c", LeaseEpoch: 40, Now: t0})
+	if c1.Epoch != 40 {
+		t.Fatalf("new term with lease 40: epoch %d", c1.Epoch)
+	}
+}

@@ -134,15 +134,21 @@ func (m *Member) lead(ctx context.Context) {
 	epoch, _ := m.lease.held()
 	log := m.log.With().Uint64("lease_epoch", epoch).Logger()
 	log.Info().Msg("cluster leader")
-	m.resigned.Store(0)
-	m.notify()
 	// Stepping down of our own accord (drain, handoff, health, shutdown)
 	// lets the tasks already run under this epoch report; being deposed
 	// (the lease lost) does not.
 	voluntary := true
 	defer func() {
 		if voluntary {
-			m.resigned.Store(epoch)
+			m.mu.Lock()
+			// Only an active-passive leader took tasks under its term; in
+			// the other modes it coordinates, and its lease epoch may equal
+			// an epoch of the shards (max(prev+1, lease)), which must stay
+			// fenced by ownership.
+			if m.state.Mode == protocol.ModeActivePassive || m.def != nil && m.def.Mode == protocol.ModeActivePassive {
+				m.resignLocked(m.termEpochLocked(epoch))
+			}
+			m.mu.Unlock()
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		m.lease.release(rctx)
@@ -150,12 +156,18 @@ func (m *Member) lead(ctx context.Context) {
 		m.notify()
 		log.Info().Msg("stepped down")
 	}()
-	ttl := m.lease.getTTL()
-	renew := time.NewTicker(ttl / 3)
-	defer renew.Stop()
+	// The lease is renewed on its own goroutine: a slow step() (a stalled
+	// events stream) must not hold the renewal back past the lease.
+	lctx, stop := context.WithCancel(ctx)
+	lost := make(chan error, 1)
+	renewing := make(chan struct{})
+	go func() { defer close(renewing); m.renewLoop(lctx, lost) }()
+	defer func() { stop(); <-renewing }() // before the release above
+	m.adoptSync(lctx)
+	m.notify()
 	eval := time.NewTicker(min(m.cfg.Interval, 250*time.Millisecond))
 	defer eval.Stop()
-	var published string // digest of the last sync state written
+	var pub published
 	for {
 		if _, ok := m.lease.held(); !ok {
 			voluntary = false
@@ -172,30 +184,84 @@ func (m *Member) lead(ctx context.Context) {
 			m.writeReport(ctx)
 			return
 		}
-		if handoff := m.step(ctx, epoch, &published); handoff {
+		if handoff := m.step(lctx, epoch, &pub); handoff {
 			return
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-renew.C:
-			rctx, cancel := context.WithTimeout(ctx, ttl/3)
-			err := m.lease.renew(rctx)
-			cancel()
-			if err != nil {
-				voluntary = false
-				log.Warn().Err(err).Msg("lease renewal failed: deposed")
-				return
-			}
+		case err := <-lost:
+			voluntary = false
+			log.Warn().Err(err).Msg("lease renewal failed: deposed")
+			return
 		case <-eval.C:
 		case <-m.wake:
 		}
 	}
 }
 
+// renewLoop renews the lease every third of its TTL until ctx ends, and
+// reports a failed renewal on lost. The interval is taken afresh after
+// every renewal, so a changed lease_duration applies from the next one.
+func (m *Member) renewLoop(ctx context.Context, lost chan<- error) {
+	t := time.NewTimer(m.lease.renewEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		every := m.lease.renewEvery()
+		rctx, cancel := context.WithTimeout(ctx, every)
+		err := m.lease.renew(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				lost <- err
+			}
+			return
+		}
+		t.Reset(m.lease.renewEvery())
+	}
+}
+
+// adoptSync starts a term from the sync state as published, so that a new
+// leader carries on the task_states and cached_digests its predecessor
+// wrote (members would delete whatever it left out) and a former leader
+// does not bring back what it published in an earlier term.
+func (m *Member) adoptSync(ctx context.Context) {
+	m.mu.Lock()
+	before := m.leaderSync
+	m.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, m.lease.renewEvery())
+	s, err := m.store.Sync(rctx, m.cfg.Cluster)
+	cancel()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotFound): // nothing published yet (or the cluster was redefined)
+		s = protocol.ClusterSync{}
+	default: // unreadable now: this member's copy is the newest it saw
+		m.log.Warn().Err(err).Msg("sync state not read; starting from this member's copy")
+		s = m.copy
+	}
+	// SetSync may already have run (it is allowed once the lease is held):
+	// keep those changes on top.
+	m.leaderSync = Apply(s, Diff(before, m.leaderSync))
+}
+
+// published is what a leader last wrote to <name>.sync in this term.
+type published struct {
+	digest string
+	epoch  uint64
+	rev    uint64
+}
+
 // step is one round of the leader's work. It returns true when the leader
 // hands leadership off (manual failover).
-func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool {
+func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	m.mu.Lock()
 	if m.def == nil { // deleted meanwhile: lead() steps down next round
 		m.mu.Unlock()
@@ -211,18 +277,37 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 	m.mu.Unlock()
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].RequestedAt.Before(reqs[j].RequestedAt) })
 
+	// Every KV and event call is bounded well inside the lease: a stalled
+	// one (JetStream waits 5 s by default) must not keep the leader from
+	// its next round.
+	limit := max(def.Election.LeaseDuration.Std()/2, 100*time.Millisecond)
+	bounded := func(f func(context.Context) error) error {
+		cctx, cancel := context.WithTimeout(ctx, limit)
+		defer cancel()
+		return f(cctx)
+	}
+
 	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, Now: m.cfg.Now()}
 	handoff := ""
+	refused := map[string]string{} // request id -> why it was not carried out
 	for _, r := range reqs {
 		switch r.Op {
 		case protocol.RequestRebalance:
 			in.Rebalance = true
 		case protocol.RequestFailover:
 			if def.Mode == protocol.ModeActivePassive && (r.From == "" || r.From == m.key) {
-				handoff = r.To
-				if handoff == "" {
-					handoff = m.bestStandby(prev, members)
+				to := r.To
+				if to == "" {
+					to = m.bestStandby(prev, members)
+				} else if why := handoffRefusal(prev, members, to); why != "" {
+					// Handing off to a member that cannot take over
+					// (a typo, gone, draining) would leave the cluster
+					// leaderless while this leader sits out: keep leading.
+					refused[r.ID] = to + ": " + why
+					m.log.Warn().Str("request", r.ID).Str("to", to).Str("reason", why).Msg("failover request refused: keeping leadership")
+					continue
 				}
+				handoff = to
 			} else if r.From != "" && r.From != m.key || def.Mode != protocol.ModeActivePassive {
 				from := r.From
 				if from == "" {
@@ -237,6 +322,9 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 	next, evs := Compute(in)
 	m.mu.Lock()
 	sync := m.leaderSync
+	// Written by someone else after our last write: a deposed leader's late
+	// put. Publish ours again, even if our content did not change.
+	foreign := m.syncRev > pub.rev
 	m.mu.Unlock()
 	sync.AssignedTargets = map[string]string{}
 	for _, mem := range next.Members {
@@ -257,12 +345,19 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 		next.Handoff = handoff
 	}
 
-	if sync.Digest != *published {
+	// A new epoch is published too: members ignore a sync older than the
+	// state's epoch (see applySyncLocked).
+	if sync.Digest != pub.digest || sync.Epoch != pub.epoch || foreign {
 		sync.CapturedAt = m.cfg.Now().UTC()
 		b, _ := json.Marshal(sync)
 		if _, ok := m.lease.held(); ok {
-			if _, err := m.store.kv.Put(ctx, protocol.ClusterSyncKey(def.Name), b); err == nil {
-				*published = sync.Digest
+			var rev uint64
+			err := bounded(func(c context.Context) (err error) {
+				rev, err = m.store.kv.Put(c, protocol.ClusterSyncKey(def.Name), b)
+				return err
+			})
+			if err == nil {
+				*pub = published{digest: sync.Digest, epoch: sync.Epoch, rev: rev}
 			}
 		}
 	}
@@ -276,20 +371,32 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 	var rev uint64
 	var err error
 	if prevRev == 0 {
-		rev, err = m.store.kv.Create(ctx, protocol.ClusterStateKey(def.Name), b)
+		err = bounded(func(c context.Context) (err error) {
+			rev, err = m.store.kv.Create(c, protocol.ClusterStateKey(def.Name), b)
+			return err
+		})
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			// A state exists that we have not seen yet: read it first.
-			if st, r, gerr := m.store.State(ctx, def.Name); gerr == nil {
+			var st protocol.ClusterState
+			var r uint64
+			gerr := bounded(func(c context.Context) (err error) {
+				st, r, err = m.store.State(c, def.Name)
+				return err
+			})
+			if gerr == nil {
 				m.mu.Lock()
 				if r > m.stateRev {
-					m.state, m.stateRev = st, r
+					m.setStateLocked(st, r)
 				}
 				m.mu.Unlock()
 			}
 			return false
 		}
 	} else {
-		rev, err = m.store.kv.Update(ctx, protocol.ClusterStateKey(def.Name), b, prevRev)
+		err = bounded(func(c context.Context) (err error) {
+			rev, err = m.store.kv.Update(c, protocol.ClusterStateKey(def.Name), b, prevRev)
+			return err
+		})
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -299,19 +406,24 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 	}
 	m.mu.Lock()
 	if rev > m.stateRev {
-		m.state, m.stateRev = next, rev
+		m.setStateLocked(next, rev)
 	}
 	m.mu.Unlock()
 	for _, e := range evs {
-		if err := m.store.events.Publish(ctx, e); err != nil {
+		if err := bounded(func(c context.Context) error { return m.store.events.Publish(c, e) }); err != nil {
 			m.log.Warn().Err(err).Str("kind", string(e.Kind)).Msg("cluster event not published")
 		}
 		m.log.Info().Str("kind", string(e.Kind)).Str("agent", e.Agent).Str("reason", e.Reason).Interface("data", e.Data).Msg("cluster event")
 	}
 	for _, r := range reqs {
-		_ = m.store.events.Publish(ctx, protocol.Event{Kind: protocol.EventClusterRequest, ID: r.ID, Reason: r.Reason,
-			Data: map[string]string{"cluster": def.Name, "op": r.Op, "from": r.From, "to": r.To, "handled_by": m.key}})
-		_ = m.store.kv.Delete(ctx, protocol.ClusterRequestKey(def.Name, r.ID))
+		data := map[string]string{"cluster": def.Name, "op": r.Op, "from": r.From, "to": r.To, "handled_by": m.key}
+		if why, ok := refused[r.ID]; ok {
+			data["refused"] = why
+		}
+		_ = bounded(func(c context.Context) error {
+			return m.store.events.Publish(c, protocol.Event{Kind: protocol.EventClusterRequest, ID: r.ID, Reason: r.Reason, Data: data})
+		})
+		_ = bounded(func(c context.Context) error { return m.store.kv.Delete(c, protocol.ClusterRequestKey(def.Name, r.ID)) })
 		m.mu.Lock()
 		delete(m.requests, r.ID)
 		m.mu.Unlock()
@@ -325,6 +437,30 @@ func (m *Member) step(ctx context.Context, epoch uint64, published *string) bool
 		return true
 	}
 	return false
+}
+
+// handoffRefusal says why a manual failover may not hand leadership to
+// member to ("" if it may): it must be an alive member that could win the
+// election (Candidates: not draining, not failed, not refused or excluded).
+func handoffRefusal(prev protocol.ClusterState, members map[string]Observed, to string) string {
+	o, ok := members[to]
+	switch {
+	case !ok:
+		return "not a member of the cluster"
+	case !o.Alive:
+		return "not reporting"
+	case o.Report.Draining:
+		return "draining"
+	case o.Report.Health == "failed":
+		return "health failed"
+	}
+	if len(Candidates(prev, []protocol.ClusterMemberReport{o.Report})) == 0 {
+		if pm, known := prev.Member(to); known {
+			return pm.Role
+		}
+		return "excluded"
+	}
+	return ""
 }
 
 // bestStandby is who a manual failover without --to hands off to.

@@ -33,6 +33,7 @@ type lease struct {
 
 	mu      sync.Mutex
 	ttl     time.Duration
+	heldTTL time.Duration // the TTL the current hold was written with
 	epoch   uint64
 	rev     uint64
 	validTo time.Time
@@ -59,6 +60,20 @@ func (l *lease) getTTL() time.Duration {
 	return l.ttl
 }
 
+// renewEvery is how long the holder may wait before its next renewal: a
+// third of the shorter of the TTL its last write carried and the TTL
+// configured now, so that a lease_duration shortened or lengthened
+// meanwhile never outlasts the hold.
+func (l *lease) renewEvery() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d := l.ttl
+	if l.heldTTL > 0 {
+		d = min(d, l.heldTTL)
+	}
+	return d / 3
+}
+
 func (l *lease) setTTL(d time.Duration) {
 	l.mu.Lock()
 	l.ttl = d
@@ -80,7 +95,7 @@ func (l *lease) acquire(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("acquire %s: %w", l.key, err)
 	}
 	l.mu.Lock()
-	l.epoch, l.rev, l.validTo = rev, rev, start.Add(ttl)
+	l.epoch, l.rev, l.validTo, l.heldTTL = rev, rev, start.Add(ttl), ttl
 	l.mu.Unlock()
 	return true, nil
 }
@@ -102,7 +117,7 @@ func (l *lease) renew(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	if l.epoch == epoch {
-		l.rev, l.validTo = ack.Sequence, start.Add(ttl)
+		l.rev, l.validTo, l.heldTTL = ack.Sequence, start.Add(ttl), ttl
 	}
 	l.mu.Unlock()
 	return nil
@@ -111,7 +126,7 @@ func (l *lease) renew(ctx context.Context) error {
 // drop forgets the lease without touching the key.
 func (l *lease) drop() {
 	l.mu.Lock()
-	l.epoch, l.rev, l.validTo = 0, 0, time.Time{}
+	l.epoch, l.rev, l.validTo, l.heldTTL = 0, 0, time.Time{}, 0
 	l.mu.Unlock()
 }
 

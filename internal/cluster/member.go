@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -95,10 +94,28 @@ type Member struct {
 	sitOut     time.Time // do not campaign before (after handing off)
 	watchers   []chan View
 	ready      chan struct{}
-	// resigned is the lease epoch this member gave up of its own accord
-	// (not deposed): results of tasks run under it may still be reported.
-	resigned atomic.Uint64
+	stopped    chan struct{} // closed when Run returns (Watch channels close)
+	// syncRev is the newest revision of <name>.sync seen: a write after the
+	// leader's own last one (a deposed leader's late write) makes it
+	// publish again.
+	syncRev uint64
+	// resigned are the epochs this member led under and gave up of its own
+	// accord (not deposed), newest last: results of tasks run under them
+	// may still be reported. Every term has its own epoch, so it is a set,
+	// not one value: a leader that leads again must not forget the tasks of
+	// the term before.
+	resigned []uint64
+	// took records, for the recent epochs in which this member took work
+	// (active_active member, sharded owner), the owners of that epoch
+	// (nil for active_active): a draining member reports the tasks it was
+	// given under them.
+	took map[uint64][]string
 }
+
+// maxResigned bounds Member.resigned and Member.took: a task older than this
+// many of this member's terms (or epochs taking work) is rerouted rather
+// than reported.
+const maxResigned = 32
 
 // NewMember binds a member to the cluster buckets.
 func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*Member, error) {
@@ -134,7 +151,7 @@ func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*
 		lease: &lease{js: js, kv: leases, key: protocol.ClusterLeaseKey(cfg.Cluster), who: key, now: cfg.Now, ttl: DefaultLeaseDuration},
 		log:   cfg.Logger.With().Str("cluster", cfg.Cluster).Logger(),
 		wake:  make(chan struct{}, 1), reports: map[string]seen{}, requests: map[string]protocol.ClusterRequest{},
-		ready: make(chan struct{}),
+		ready: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	return m, nil
 }
@@ -177,6 +194,15 @@ func (m *Member) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); m.electionLoop(ctx) }()
 	wg.Wait()
 	close(errc)
+	// Nothing changes the view any more: end every Watch (a caller ranging
+	// over one with a longer-lived context would wait forever).
+	m.mu.Lock()
+	close(m.stopped)
+	for _, ch := range m.watchers {
+		close(ch)
+	}
+	m.watchers = nil
+	m.mu.Unlock()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	_ = m.store.kv.Delete(sctx, protocol.ClusterMemberKey(m.cfg.Cluster, m.cfg.Pool, m.cfg.ID))

@@ -386,6 +386,35 @@ func TestStateSyncConverges(t *testing.T) {
 		}
 		return true
 	})
+	// The leader dies. Its successor carries the sync state on: it starts
+	// from the published one, or every member would delete the cached
+	// digests and task states the old leader wrote.
+	old := b.state(t, "sy").Leader
+	leader.crash()
+	var survivors []*agent
+	for _, a := range ag {
+		if a != leader {
+			survivors = append(survivors, a)
+		}
+	}
+	var next string
+	natstest.Eventually(t, 10*time.Second, "a new leader's sync state everywhere", func() bool {
+		next = b.state(t, "sy").Leader
+		if next == "" || next == old {
+			return false
+		}
+		for _, a := range survivors {
+			if !a.m.View().InSync || a.m.Sync().Leader != next {
+				return false
+			}
+		}
+		return true
+	})
+	for _, a := range survivors {
+		if got := a.m.Sync().CachedDigests["image"]; got != "sha256:abc" {
+			t.Fatalf("%s after failover to %s: cached_digests[image] = %q, want sha256:abc (the new leader dropped it)", a.m.Key(), next, got)
+		}
+	}
 }
 
 func TestDeleteAndRedefineWhileMembersRun(t *testing.T) {

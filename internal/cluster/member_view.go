@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -26,7 +27,7 @@ func (m *Member) View() View {
 	}
 	switch {
 	case v.IsLeader && v.Mode == protocol.ModeActivePassive:
-		v.Role, v.Leader, v.Epoch = protocol.RoleLeader, m.key, epoch
+		v.Role, v.Leader, v.Epoch = protocol.RoleLeader, m.key, m.termEpochLocked(epoch)
 		if m.def != nil {
 			v.Targets = slices.Clone(m.def.TargetGroup.Targets)
 		}
@@ -46,14 +47,26 @@ func (m *Member) Sync() protocol.ClusterSync {
 }
 
 // Watch returns a channel that receives the view whenever it may have
-// changed (the latest view only, never blocking the member), until ctx ends.
+// changed (the latest view only, never blocking the member), until ctx ends
+// or the member stops (Run returns); then it is closed.
 func (m *Member) Watch(ctx context.Context) <-chan View {
 	ch := make(chan View, 1)
 	m.mu.Lock()
+	select {
+	case <-m.stopped:
+		m.mu.Unlock()
+		close(ch)
+		return ch
+	default:
+	}
 	m.watchers = append(m.watchers, ch)
 	m.mu.Unlock()
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-m.stopped: // Run closed ch already
+			return
+		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for i, w := range m.watchers {
@@ -66,6 +79,29 @@ func (m *Member) Watch(ctx context.Context) <-chan View {
 	}()
 	m.notify()
 	return ch
+}
+
+// termEpochLocked is the epoch of this member's active-passive term under
+// lease epoch le: the lease's revision, unless the state this member wrote
+// for the term says more (epochs never decrease, so after a mode change the
+// term's epoch may be above the lease's revision; see Compute).
+func (m *Member) termEpochLocked(le uint64) uint64 {
+	st := m.state
+	if st.Mode == protocol.ModeActivePassive && st.Leader == m.key && st.LeaseEpoch == le && st.Epoch > le {
+		return st.Epoch
+	}
+	return le
+}
+
+// resignLocked remembers an epoch this member gave up of its own accord.
+func (m *Member) resignLocked(epoch uint64) {
+	if epoch == 0 || slices.Contains(m.resigned, epoch) {
+		return
+	}
+	m.resigned = append(m.resigned, epoch)
+	if len(m.resigned) > maxResigned {
+		m.resigned = slices.Delete(m.resigned, 0, len(m.resigned)-maxResigned)
+	}
 }
 
 func (m *Member) notify() {
@@ -97,6 +133,9 @@ func (m *Member) Accept(epoch uint64, target string) error {
 		if !ok {
 			return ErrNotLeader
 		}
+		m.mu.Lock()
+		le = m.termEpochLocked(le)
+		m.mu.Unlock()
 		if epoch != le {
 			return fmt.Errorf("%w: task epoch %d, leader epoch %d", ErrStaleEpoch, epoch, le)
 		}
@@ -126,14 +165,65 @@ func (m *Member) Accept(epoch uint64, target string) error {
 // AcceptResult decides whether a finished cluster task's result may be
 // reported: as Accept, except that an active-passive leader that stepped
 // down of its own accord (drained, handed off, stopping) still reports the
-// tasks it ran under the epoch it gave up. A leader that lost its lease
-// (paused, cut off) reports nothing under the old epoch.
+// tasks it ran under the epochs it gave up, even after it leads again under
+// a new one. A leader that lost its lease (paused, cut off) reports nothing
+// under the old epoch.
 func (m *Member) AcceptResult(epoch uint64, target string) error {
 	err := m.Accept(epoch, target)
-	if err != nil && epoch != 0 && m.resigned.Load() == epoch {
+	if err == nil || epoch == 0 {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if slices.Contains(m.resigned, epoch) {
+		return nil
+	}
+	// Draining takes a member out of the work (offline, its shards moved)
+	// while its tasks still run: it reports those it was given under the
+	// epoch they carry, as a resigned leader does. A member that lost its
+	// place otherwise (silent, failed) does not.
+	if m.cfg.Draining() && m.tookLocked(epoch, target) {
 		return nil
 	}
 	return err
+}
+
+// setStateLocked follows a newer state, remembering the epochs this member
+// took work under.
+func (m *Member) setStateLocked(st protocol.ClusterState, rev uint64) {
+	m.state, m.stateRev = st, rev
+	if st.Epoch == 0 || st.Mode == protocol.ModeActivePassive {
+		return
+	}
+	if mem, ok := st.Member(m.key); !ok || mem.Role != protocol.RoleMember {
+		return
+	}
+	if m.took == nil {
+		m.took = map[uint64][]string{}
+	}
+	var owners []string
+	if st.Mode == protocol.ModeSharded {
+		owners = slices.Clone(st.Owners)
+	}
+	m.took[st.Epoch] = owners
+	for len(m.took) > maxResigned {
+		delete(m.took, slices.Min(slices.Collect(maps.Keys(m.took))))
+	}
+}
+
+// tookLocked reports whether this member was given work for target under
+// epoch: it was a member taking work then (active_active) or the target's
+// owner (sharded).
+func (m *Member) tookLocked(epoch uint64, target string) bool {
+	owners, ok := m.took[epoch]
+	switch {
+	case !ok:
+		return false
+	case owners == nil: // active_active
+		return true
+	default:
+		return Owner(target, owners) == m.key
+	}
 }
 
 // SetSync sets (or, with value "", deletes) an entry of the sync state's

@@ -64,10 +64,11 @@ func (m *Member) apply(e watch.Event) {
 		}
 		var st protocol.ClusterState
 		if json.Unmarshal(e.Entry.Value(), &st) == nil && e.Entry.Revision() > m.stateRev {
-			m.state, m.stateRev = st, e.Entry.Revision()
+			m.setStateLocked(st, e.Entry.Revision())
 		}
 	case rest == "sync":
 		if put {
+			m.syncRev = max(m.syncRev, e.Entry.Revision())
 			var s protocol.ClusterSync
 			if json.Unmarshal(e.Entry.Value(), &s) == nil {
 				m.applySyncLocked(s)
@@ -100,6 +101,13 @@ func (m *Member) apply(e watch.Event) {
 // applySyncLocked brings this member's copy to the leader's: it applies the
 // difference, so only what changed is touched.
 func (m *Member) applySyncLocked(s protocol.ClusterSync) {
+	if s.Epoch < m.state.Epoch {
+		// Written under an epoch older than the state's: a deposed leader's
+		// late write (the sync is a plain put). The leader sees the foreign
+		// write and publishes its own again.
+		m.log.Debug().Uint64("sync_epoch", s.Epoch).Uint64("epoch", m.state.Epoch).Str("from", s.Leader).Msg("ignoring a stale sync state")
+		return
+	}
 	changes := Diff(m.copy, s)
 	next := Apply(m.copy, changes)
 	next.Leader, next.Epoch, next.CapturedAt = s.Leader, s.Epoch, s.CapturedAt

@@ -101,7 +101,7 @@ func (a *Agent) Shards() []string {
 
 // WatchCluster returns a channel that receives the cluster view whenever it
 // may have changed (leadership, epoch, shards, sync), holding only the latest
-// one; it is closed when ctx ends.
+// one; it is closed when ctx ends or the agent stops.
 func (a *Agent) WatchCluster(ctx context.Context) (<-chan ClusterView, error) {
 	c := a.clu.Load()
 	if c == nil {

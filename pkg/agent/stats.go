@@ -71,11 +71,11 @@ func (a *Agent) Stats() Stats {
 func (a *Agent) presence() protocol.Presence {
 	s := a.Stats()
 	p := protocol.Presence{
-		ID:            a.cfg.ID,
-		Pool:          a.cfg.Pool,
-		Capabilities:  a.cfg.Capabilities,
-		Actions:       a.allowedNames,
-		Labels:        a.cfg.Labels,
+		ID:           a.cfg.ID,
+		Pool:         a.cfg.Pool,
+		Capabilities: a.cfg.Capabilities,
+		Actions:      a.allowedNames,
+		Labels:       a.cfg.Labels,
 		// The slots it runs now: max_concurrent, or fewer after a limit
 		// order (the healer's reduce_load). Reporting the configured number
 		// left selection counting slots the agent would not use, so a

@@ -159,7 +159,9 @@ type ClusterState struct {
 	Cluster string `json:"cluster"`
 	Mode    string `json:"replication_mode"`
 	// Epoch is the cluster epoch. active_passive: the revision of the
-	// leader's lease; other modes: it grows whenever the assignment changes.
+	// leader's lease (or, if that is not above the previous epoch, after a
+	// mode change, the previous epoch + 1 for the term); other modes: it
+	// grows whenever the assignment changes. It never goes down.
 	Epoch uint64 `json:"epoch"`
 	// Leader is the presence key (<pool>.<agent>) of the lease holder.
 	Leader     string `json:"leader"`
