@@ -68,19 +68,20 @@ func (a *Agent) Stats() Stats {
 }
 
 // presence is the value of the next heartbeat.
+//
+// limitNote: MaxConcurrent is the slots the agent runs now, max_concurrent
+// or fewer after a limit order (the healer's reduce_load). Reporting the
+// configured number left selection counting slots the agent would not
+// use, so a limited agent kept a full share of tasks queued behind it.
 func (a *Agent) presence() protocol.Presence {
 	s := a.Stats()
 	p := protocol.Presence{
-		ID:           a.cfg.ID,
-		Pool:         a.cfg.Pool,
-		Capabilities: a.cfg.Capabilities,
-		Actions:      a.allowedNames,
-		Labels:       a.cfg.Labels,
-		// The slots it runs now: max_concurrent, or fewer after a limit
-		// order (the healer's reduce_load). Reporting the configured number
-		// left selection counting slots the agent would not use, so a
-		// limited agent kept a full share of tasks queued behind the limit.
-		MaxConcurrent: int(a.limit.Load()),
+		ID:            a.cfg.ID,
+		Pool:          a.cfg.Pool,
+		Capabilities:  a.cfg.Capabilities,
+		Actions:       a.allowedNames,
+		Labels:        a.cfg.Labels,
+		MaxConcurrent: int(a.limit.Load()), // the slots it runs now (limitNote)
 		InFlight:      s.InFlight,
 		Succeeded:     s.Succeeded,
 		Failed:        s.Failed,
