@@ -24,6 +24,14 @@ type Config struct {
 	// lease ends sooner. Defaults to 5s; Release's answer usually wakes the
 	// waiter first.
 	RetryAfter time.Duration
+	// MaxWaiters bounds a key's queue. Defaults to 2000. A key's holders
+	// and waiters live in one KV value, which must fit a message (1 MiB;
+	// an entry is up to ~300 bytes): past the bound a step is not queued
+	// but told to ask again after RetryAfter, and takes a slot only when
+	// the queue has shrunk below it. Without it, enough steps waiting on
+	// one key made the value unwritable and every step using the key
+	// waited forever.
+	MaxWaiters int
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -35,6 +43,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = 5 * time.Second
+	}
+	if c.MaxWaiters <= 0 {
+		c.MaxWaiters = 2000
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -277,6 +288,9 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 				return false
 			}
 			r.Waiters[pos].Until = now.Add(l.cfg.WaitLease)
+		} else if len(r.Waiters) >= l.cfg.MaxWaiters {
+			retryAt = now.Add(l.cfg.RetryAfter) // the queue is full: not queued, ask again
+			return false
 		} else {
 			r.Waiters = append(r.Waiters, entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease)})
 		}

@@ -107,6 +107,38 @@ func TestWaitersInOrderAcrossSchedulers(t *testing.T) {
 	}
 }
 
+// A key's queue is bounded (its holders and waiters are one KV value that
+// must fit a message): past MaxWaiters a step is refused with a retry time
+// but not queued, and takes a slot once the queue is shorter.
+func TestQueueIsBounded(t *testing.T) {
+	t.Parallel()
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	l := setup(t, 1, concurrency.Config{Now: clk.Now, MaxWaiters: 3})[0]
+	ctx := context.Background()
+	if !acquire(t, l, "k", 1, "j0.s") {
+		t.Fatal("the first holder was refused")
+	}
+	for i := 1; i <= 5; i++ {
+		if acquire(t, l, "k", 1, fmt.Sprintf("j%d.s", i)) {
+			t.Fatalf("j%d granted with limit 1", i)
+		}
+	}
+	st, err := l.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(st.Holders, st.Waiters) != "[j0.s] [j1.s j2.s j3.s]" {
+		t.Fatalf("state %v %v, want 3 waiters queued and the rest not", st.Holders, st.Waiters)
+	}
+	next, err := l.Release(ctx, "k", "j0.s")
+	if err != nil || fmt.Sprint(next) != "[j1.s]" {
+		t.Fatalf("release woke %v (%v), want the oldest waiter", next, err)
+	}
+	if acquire(t, l, "k", 1, "j5.s") || !acquire(t, l, "k", 1, "j1.s") {
+		t.Fatal("the queue's head must take the freed slot, not an unqueued step")
+	}
+}
+
 // TestStaleCacheNeverDecides: a limiter writes on the record it cached
 // without reading first; when another scheduler changed the key meanwhile,
 // neither a write (the CAS refuses it) nor a refusal that writes nothing

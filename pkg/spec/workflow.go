@@ -51,7 +51,7 @@ func (p Priority) OrDefault() Priority {
 type Concurrency struct {
 	// Key names the group, e.g. "customer-42": letters, digits, '_', '-'.
 	Key string `json:"key" yaml:"key"`
-	// Limit is how many steps with the key may run at once (1 to 10000).
+	// Limit is how many steps with the key may run at once (1 to 1000).
 	Limit int `json:"limit" yaml:"limit"`
 }
 
@@ -278,8 +278,10 @@ func validConcurrency(field string, c *Concurrency) error {
 	if !protocol.ValidToken(c.Key) {
 		return invalid(ReasonInvalidID, field+".key", "%q may contain only letters, digits, '_' and '-'", c.Key)
 	}
-	if c.Limit < 1 || c.Limit > 10000 {
-		return invalid(ReasonInvalidValue, field+".limit", "must be between 1 and 10000, got %d", c.Limit)
+	// At most 1000: a key's holders share one KV value (internal/concurrency)
+	// that must fit a message.
+	if c.Limit < 1 || c.Limit > 1000 {
+		return invalid(ReasonInvalidValue, field+".limit", "must be between 1 and 1000, got %d", c.Limit)
 	}
 	return nil
 }
