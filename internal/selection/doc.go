@@ -17,10 +17,17 @@
 // evaluated whole, so every strategy decides exactly as defined below; in
 // larger sets round_robin and standby walk the set in id order (still exact)
 // and score, least_loaded and affinity take the best of 8 open agents drawn
-// at random (the power of d choices). When every eligible agent is full the
-// answer (ErrAtCapacity) comes from the sets' counts without looking at any
-// agent. The exact evaluation remains the fallback that finds the precise
-// reason an agent is missing.
+// at random (the power of d choices). Affinity draws from whichever of the
+// step's set and the wanted labels' sets has the fewest open agents and
+// keeps the draws that match the action, capabilities and labels alike;
+// when none does, a view of exactly the agents matching that query, built
+// on that first miss and then kept up to date like the sets (at most 64
+// views, least recently used dropped), answers, so affinity turns to other
+// agents only when no matching one is open. When every eligible agent is
+// full the answer (ErrAtCapacity) comes from the sets' counts without
+// looking at any agent, and Capacity (the slots of the agents offering an
+// action) is a running sum the sets keep. The exact evaluation remains the
+// fallback that finds the precise reason an agent is missing.
 //
 // Among them the pool's strategy decides: score (default), least_loaded,
 // round_robin, affinity or standby (see Strategy). The score is

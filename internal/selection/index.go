@@ -54,6 +54,14 @@ type set struct {
 	all      []*entry // sorted by id
 	open     []*entry // eligible and not full; unordered
 	eligible int      // members neither draining nor excluded by health
+	// capacity is the sum of the eligible members' max_concurrent (at
+	// least 1 each), kept as they join, leave and change, so that Capacity,
+	// which the scheduler asks for every step of a multi-step job, is one
+	// lookup instead of a walk over every agent offering the action.
+	capacity int
+	// view marks the set of an affinity view (view.go): not in s.sets,
+	// its members found through their presence, not keysOf.
+	view bool
 }
 
 // membership is an entry's place in one set.
@@ -73,7 +81,11 @@ type entry struct {
 	factor   float64
 	eligible bool // not draining, health factor above 0
 	open     bool // eligible and not full
-	sets     []membership
+	// slots is what the agent adds to each of its sets' capacity: its
+	// capacity() while eligible, else 0. refresh keeps it current; join
+	// and leave add and subtract exactly this, so the sums never drift.
+	slots int
+	sets  []membership
 }
 
 // used is the agent's load: its reported in_flight plus what this selector
@@ -115,7 +127,8 @@ func sameSets(a, b *protocol.Presence) bool {
 		slices.Equal(a.Capabilities, b.Capabilities) && maps.Equal(a.Labels, b.Labels)
 }
 
-// join adds e to the sets its presence names.
+// join adds e to the sets its presence names, and to the affinity views
+// of its pool whose query it matches.
 func (s *Selector) join(e *entry) {
 	for _, k := range keysOf(&e.p) {
 		st, ok := s.sets[k]
@@ -123,24 +136,37 @@ func (s *Selector) join(e *entry) {
 			st = &set{}
 			s.sets[k] = st
 		}
-		i, _ := slices.BinarySearchFunc(st.all, e.p.ID, byID)
-		st.all = slices.Insert(st.all, i, e)
-		m := membership{s: st, openAt: -1}
-		if e.eligible {
-			st.eligible++
-		}
-		if e.open {
-			m.openAt = len(st.open)
-			st.open = append(st.open, e)
-		}
-		e.sets = append(e.sets, m)
+		enter(st, e)
 		if k.kind == kindAction {
 			s.offered(e.p.Pool)[k.name]++
 		}
 	}
+	for _, v := range s.views[e.p.Pool] {
+		if v.admits(e) {
+			enter(&v.set, e)
+		}
+	}
 }
 
-// leave removes e from every set it is in; empty sets are dropped.
+// enter adds e to st: to its members, counts and (when e is open) open
+// list.
+func enter(st *set, e *entry) {
+	i, _ := slices.BinarySearchFunc(st.all, e.p.ID, byID)
+	st.all = slices.Insert(st.all, i, e)
+	m := membership{s: st, openAt: -1}
+	if e.eligible {
+		st.eligible++
+	}
+	st.capacity += e.slots
+	if e.open {
+		m.openAt = len(st.open)
+		st.open = append(st.open, e)
+	}
+	e.sets = append(e.sets, m)
+}
+
+// leave removes e from every set it is in; empty sets are dropped (empty
+// views are kept: agents may match them again).
 func (s *Selector) leave(e *entry) {
 	for _, k := range keysOf(&e.p) {
 		st := s.sets[k]
@@ -169,9 +195,15 @@ func (s *Selector) leave(e *entry) {
 	}
 	for i := range e.sets {
 		m := &e.sets[i]
+		if m.s.view {
+			if j, ok := slices.BinarySearchFunc(m.s.all, e.p.ID, byID); ok {
+				m.s.all = slices.Delete(m.s.all, j, j+1)
+			}
+		}
 		if e.eligible {
 			m.s.eligible--
 		}
+		m.s.capacity -= e.slots
 		if m.openAt >= 0 {
 			removeOpen(m.s, m.openAt)
 		}
@@ -207,13 +239,25 @@ func removeOpen(st *set, i int) {
 	}
 }
 
-// refresh recomputes e's eligibility and openness after anything it
-// depends on changed (heartbeat, assignment, release, health) and moves it
-// into or out of its sets' open lists.
+// refresh recomputes e's eligibility, slots and openness after anything
+// it depends on changed (heartbeat, assignment, release, health) and moves
+// it into or out of its sets' open lists and counts.
 func (s *Selector) refresh(e *entry) {
 	e.factor = s.cfg.HealthFactors.Of(e.h.Level)
 	eligible := !e.p.Draining && (!e.assessed || e.factor > 0)
 	open := eligible && !e.full()
+	// A newer heartbeat may change max_concurrent, and eligibility adds or
+	// removes all of it: move the difference into every set's capacity.
+	slots := 0
+	if eligible {
+		slots = e.capacity()
+	}
+	if d := slots - e.slots; d != 0 {
+		for i := range e.sets {
+			e.sets[i].s.capacity += d
+		}
+		e.slots = slots
+	}
 	if eligible != e.eligible {
 		d := 1
 		if !eligible {
@@ -241,8 +285,10 @@ func (s *Selector) refresh(e *entry) {
 }
 
 // Capacity is the number of tasks the eligible agents of pool offering
-// action may run at once (the sum of their max_concurrent). The scheduler
-// uses it to keep one large job from taking every slot of a pool.
+// action may run at once (the sum of their max_concurrent, at least 1
+// each). The scheduler uses it, for every step of a multi-step job, to keep
+// one large job from taking every slot of a pool: it is the action set's
+// running sum, O(1) whatever the fleet's size.
 func (s *Selector) Capacity(pool, action string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,11 +296,5 @@ func (s *Selector) Capacity(pool, action string) int {
 	if st == nil {
 		return 0
 	}
-	n := 0
-	for _, e := range st.all {
-		if e.eligible {
-			n += max(e.c.maxConcurrent, 1)
-		}
-	}
-	return n
+	return st.capacity
 }

@@ -55,8 +55,12 @@ type Selector struct {
 	departed map[string]map[string]time.Time
 	now      func() time.Time
 	health   map[agentKey]health.Assessment
-	cursor   map[string]string // round robin: pool → id chosen last
-	buf      []candidate       // reused by the exact evaluation
+	cursor   map[string]string  // round robin: pool → id chosen last
+	buf      []candidate        // reused by the exact evaluation
+	duel     [2]candidate       // best so far and contender (consider)
+	views    map[string][]*view // affinity views by pool (view.go)
+	nviews   int
+	tick     uint64 // orders the views' uses, for eviction
 }
 
 // agentKey is an agent's presence key as a struct: map lookups on it do not
