@@ -184,6 +184,9 @@ func Roles(taskShards int) []Role {
 		writeKV(protocol.BucketLeases),
 		[]string{protocol.SubjectEventPrefix + ".>", protocol.SubjectDLQPrefix + ".>", protocol.SubjectControlAdvance,
 			protocol.SubjectControlGateFreed},
+		// A dead letter whose step moved on before it was marked (a result
+		// won the race) is withdrawn again.
+		[]string{msgDelete(protocol.StreamDLQ)},
 	)
 	for _, s := range taskStreams(taskShards) {
 		// Failover and dead-lettering read an agent's queued tasks, check

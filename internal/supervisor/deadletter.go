@@ -1,10 +1,13 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -136,6 +139,7 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 	job, step := raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep)
 	epoch, _ := strconv.ParseUint(raw.Header.Get(protocol.HeaderEpoch), 10, 64)
 	detail := fmt.Sprintf("delivered %d times to agent %s without an ack", adv.Deliveries, adv.Consumer)
+	var sent parkedLetters
 	for range maxConflicts {
 		st, rev, err := d.store.Step(ctx, job, step)
 		if err != nil && !errors.Is(err, jobstore.ErrNotFound) {
@@ -150,18 +154,27 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 			// moved on, dead-lettered a step just reopened.
 			d.log.Info().Str(logging.FieldJob, job).Str(logging.FieldStep, step).Str("detail", detail).
 				Msg("deleting a stale task that exhausted its deliveries")
+			if err != nil {
+				st = nil
+			}
+			d.withdraw(ctx, sent, st, parkedLetter{}) // a park of this loop lost its CAS to the move
 			return d.deleteTask(ctx, adv.Stream, raw.Sequence)
 		}
-		err = d.park(ctx, st, rev, protocol.DLQMaxDeliveries, detail, raw, adv.Deliveries)
+		l, err := d.park(ctx, st, rev, protocol.DLQMaxDeliveries, detail, raw, adv.Deliveries)
+		sent.add(l)
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
+		d.withdraw(ctx, sent, st, l)
 		d.adv.AdvanceOrRetry(ctx, st.JobID)
 		return nil
 	}
+	// Given up for now, not for good: the advisory is handled again, and
+	// a park then relies on the letters stored here (its publish is
+	// deduplicated to them), so they stay.
 	return jobstore.ErrConflict
 }
 
@@ -169,15 +182,22 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 // one, else one built from the record) goes to the dead-letter stream, the
 // original is deleted, and the step is marked dead-lettered. deliveries is
 // the task's delivery count when known (0 otherwise).
+//
+// It returns the letter it stored (none: sequence 0), also when marking the
+// step fails: a letter stored for a park
+// that lost its CAS stays there until the caller knows what became of the
+// step. A caller that gives the park up because the step moved on
+// withdraws it (see parkedLetters); one that parks again relies on it.
 func (d *deadLetters) park(ctx context.Context, st *jobstore.Step, rev uint64, reason protocol.DLQReason, detail string,
-	raw *jetstream.RawStreamMsg, deliveries uint64) error {
-	if err := d.copyToDLQ(ctx, st, raw, reason, detail, deliveries); err != nil {
-		return err
+	raw *jetstream.RawStreamMsg, deliveries uint64) (parkedLetter, error) {
+	l, err := d.copyToDLQ(ctx, st, raw, reason, detail, deliveries)
+	if err != nil {
+		return l, err
 	}
 	agent := st.Actor
 	st.DeadLetter(detail, d.term.now().UTC())
 	if _, err := d.term.updateStep(ctx, st, rev); err != nil {
-		return err
+		return l, err
 	}
 	d.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("reason", string(reason)).Str("detail", detail).
 		Msg("step dead-lettered")
@@ -185,14 +205,14 @@ func (d *deadLetters) park(ctx context.Context, st *jobstore.Step, rev uint64, r
 		Agent: agent, Reason: detail, Data: map[string]string{"reason": string(reason), "epoch": strconv.FormatUint(st.Epoch, 10)}}); err != nil {
 		d.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Msg("dead_lettered event not published")
 	}
-	return nil
+	return l, nil
 }
 
-// copyToDLQ publishes the dead letter (waiting for the PubAck), then deletes
-// the original task, in that order: a crash in between leaves a duplicate,
-// never a loss. The original is deleted only from its agent's own task
-// stream, derived from the agent's pool and id.
-func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, reason protocol.DLQReason, detail string, deliveries uint64) error {
+// copyToDLQ stores the dead letter (see send), then deletes the original
+// task, in that order: a crash in between leaves a duplicate, never a loss.
+// The original is deleted only from its agent's own task stream, derived
+// from the agent's pool and id. It returns the letter stored.
+func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, reason protocol.DLQReason, detail string, deliveries uint64) (parkedLetter, error) {
 	msg, stream := d.letter(st, raw)
 	msg.Header.Set(protocol.HeaderMsgID, "dlq."+st.JobID+"."+st.ID+"."+msg.Header.Get(protocol.HeaderEpoch)+"."+string(reason))
 	msg.Header.Set(protocol.HeaderDLQReason, string(reason))
@@ -202,14 +222,153 @@ func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jet
 	if st.LastError != "" {
 		msg.Header.Set(protocol.HeaderDLQLastError, st.LastError)
 	}
-	if err := d.term.publish(ctx, msg); err != nil {
-		return fmt.Errorf("publish dead letter: %w", err)
+	seq, err := d.send(ctx, msg, raw != nil)
+	if err != nil {
+		return parkedLetter{}, err
 	}
+	epoch, _ := strconv.ParseUint(msg.Header.Get(protocol.HeaderEpoch), 10, 64)
+	l := parkedLetter{seq: seq, epoch: epoch}
 	d.metrics.deadLettered.WithLabelValues(string(reason)).Inc()
 	if raw == nil || stream == "" {
-		return nil
+		return l, nil
 	}
-	return d.deleteTask(ctx, stream, raw.Sequence)
+	return l, d.deleteTask(ctx, stream, raw.Sequence)
+}
+
+// send publishes the dead letter msg (waiting for the PubAck) and returns
+// its sequence in the dead-letter stream once it is stored there. copied
+// says msg copies a task message, body included (else its task was rebuilt
+// from the record, whose lease times may differ between two parks).
+//
+// The stream deduplicates by Nats-Msg-Id across all its subjects, and an
+// agent may publish on its own dead-letter subject with any id: one that
+// took this letter's id first (it knows the job, step and epoch of the
+// tasks it saw) would have the letter dropped as a duplicate, and the task
+// deleted after it, the letter lost. So a duplicate counts as stored only
+// if the message it repeats is this letter (see sameLetter): a park
+// retried after a lost CAS, or after an error, repeats its own letter. If
+// not, and the last letter on msg's subject is not this one either (stored
+// by an earlier park that met the same squatter), msg is published again
+// under an id with a random part, which no agent can take first.
+func (d *deadLetters) send(ctx context.Context, msg *nats.Msg, copied bool) (uint64, error) {
+	ack, err := d.term.publish(ctx, msg)
+	if err != nil {
+		return 0, fmt.Errorf("publish dead letter: %w", err)
+	}
+	if !ack.Duplicate {
+		return ack.Sequence, nil
+	}
+	s, err := d.js.Stream(ctx, protocol.StreamDLQ)
+	if err != nil {
+		return 0, fmt.Errorf("dead-letter stream: %w", err)
+	}
+	if ack.Sequence != 0 {
+		stored, err := s.GetMsg(ctx, ack.Sequence)
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, fmt.Errorf("read the dead letter %d this one repeats: %w", ack.Sequence, err)
+		}
+		if err == nil && sameLetter(stored, msg, copied) {
+			return ack.Sequence, nil
+		}
+	}
+	last, err := s.GetLastMsgForSubject(ctx, msg.Subject)
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, fmt.Errorf("read the last dead letter on %s: %w", msg.Subject, err)
+	}
+	if err == nil && sameLetter(last, msg, copied) {
+		return last.Sequence, nil
+	}
+	id := msg.Header.Get(protocol.HeaderMsgID)
+	d.log.Warn().Str(logging.FieldJob, msg.Header.Get(protocol.HeaderJob)).Str(logging.FieldStep, msg.Header.Get(protocol.HeaderStep)).
+		Str("msg_id", id).Uint64("taken_by", ack.Sequence).
+		Msg("the dead letter's message id was taken by a message that is not this letter; storing it under a fresh id")
+	msg.Header.Set(protocol.HeaderMsgID, id+"."+rand.Text())
+	if ack, err = d.term.publish(ctx, msg); err != nil {
+		return 0, fmt.Errorf("publish dead letter: %w", err)
+	}
+	return ack.Sequence, nil
+}
+
+// letterVaries are the dead-letter headers that two parks of one step may
+// set differently (the detail names a count or a time, the last error may
+// have changed); a stored letter must carry the first three.
+var letterVaries = []string{protocol.HeaderDLQDetail, protocol.HeaderDLQDeliveries, protocol.HeaderDLQTime, protocol.HeaderDLQLastError}
+
+// sameLetter reports whether the stored message is the dead letter msg,
+// stored by an earlier park: on msg's subject (an agent publishes only on
+// its own), with every header of msg (the task's, job, step and epoch
+// included, and the reason, stream and sequence it was moved for) but the
+// message id and the ones that vary, and those present; copied, with the
+// task's body too.
+func sameLetter(stored *jetstream.RawStreamMsg, msg *nats.Msg, copied bool) bool {
+	if stored.Subject != msg.Subject || (copied && !bytes.Equal(stored.Data, msg.Data)) {
+		return false
+	}
+	for k, v := range msg.Header {
+		if k != protocol.HeaderMsgID && !slices.Contains(letterVaries, k) && !slices.Equal(stored.Header.Values(k), v) {
+			return false
+		}
+	}
+	for _, k := range letterVaries[:3] {
+		if stored.Header.Get(k) == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// parkedLetter is a dead letter a park stored: its sequence in the
+// dead-letter stream and the epoch it names (of the task it copies, else of
+// the step); a zero one is none.
+type parkedLetter struct{ seq, epoch uint64 }
+
+// parkedLetters are the dead letters one park loop (a park retried after each
+// lost CAS) stored. A park stores its letter before the CAS that marks its
+// step, and the order stays (a crash in between leaves a letter too many,
+// never a lost task); when the CAS is lost and the step turns out to have
+// moved on (succeeded, released, cancelled, gone), the loop gives the park
+// up and withdraws its letters, which would otherwise sit in the
+// dead-letter stream for a step that needs no operator.
+type parkedLetters []parkedLetter
+
+func (ls *parkedLetters) add(l parkedLetter) {
+	if l.seq != 0 && !slices.Contains(*ls, l) {
+		*ls = append(*ls, l)
+	}
+}
+
+// withdraw deletes from the dead-letter stream the letters of sent that no
+// park relies on, st being the step as last read (nil: gone). kept is the
+// letter of the loop's park that succeeded: that one stays, and the others
+// go (an earlier epoch's). With none (kept zero), the loop gave up and every
+// letter goes, unless st is dead-lettered at its epoch: another park of the
+// same dispatch won the CAS, and its publish may have been deduplicated to
+// this very letter. A park retried later, after its loop returned an error
+// (not given up), relies on the letters kept then, so withdraw is for
+// giving up only. Failures are logged: the letter stays, as before.
+func (d *deadLetters) withdraw(ctx context.Context, sent parkedLetters, st *jobstore.Step, kept parkedLetter) {
+	var s jetstream.Stream
+	for _, l := range sent {
+		if l.seq == kept.seq || (kept.seq == 0 && st != nil && st.State == jobstore.StepDeadLettered && st.Epoch == l.epoch) {
+			continue
+		}
+		var err error
+		if s == nil {
+			s, err = d.js.Stream(ctx, protocol.StreamDLQ)
+		}
+		if err == nil {
+			err = d.term.deleteMsg(ctx, s, l.seq)
+		}
+		ev := d.log.Info()
+		if err != nil {
+			ev = d.log.Warn().Err(err)
+		}
+		if st != nil {
+			ev = ev.Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("state", string(st.State))
+		}
+		ev.Uint64("dlq_seq", l.seq).Uint64("epoch", l.epoch).Bool("withdrawn", err == nil).
+			Msg("dead letter no park relies on withdrawn: its park lost its CAS and the step moved on")
+	}
 }
 
 // letter builds the dead letter of st: a copy of the task message raw if

@@ -72,26 +72,39 @@ type releaser struct {
 const maxConflicts = 8
 
 // release takes step job.step back if c still applies to it.
+//
+// A poison park that lost its CAS left its dead letter stored: when the
+// step then turns out to have moved on (c no longer holds, or the step is
+// requeued or cancelled instead), the letter is withdrawn; a park that
+// wins later relies on it (see parkedLetters).
 func (r *releaser) release(ctx context.Context, job, step string, c cause) (released, error) {
+	var sent parkedLetters
 	for range maxConflicts {
 		st, rev, err := r.store.Step(ctx, job, step)
 		if errors.Is(err, jobstore.ErrNotFound) {
+			r.dead.withdraw(ctx, sent, nil, parkedLetter{})
 			return untouched, nil
 		}
 		if err != nil {
 			return untouched, err
 		}
 		if !c.holds(st, r.term.now()) {
+			r.dead.withdraw(ctx, sent, st, parkedLetter{})
 			return untouched, nil
 		}
 		if c.reason == "" {
 			c.reason = fmt.Sprintf("lease expired at %s on agent %s", st.LockedUntil.UTC().Format(time.RFC3339), st.Actor)
 		}
-		out, err := r.apply(ctx, st, rev, c)
+		out, l, err := r.apply(ctx, st, rev, c)
+		sent.add(l)
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
-		return out, err
+		if err != nil {
+			return out, err
+		}
+		r.dead.withdraw(ctx, sent, st, l) // l is zero unless parked
+		return out, nil
 	}
 	return untouched, fmt.Errorf("release %s.%s: %w", job, step, jobstore.ErrConflict)
 }
@@ -111,28 +124,31 @@ func (c cause) holds(st *jobstore.Step, now time.Time) bool {
 	return true
 }
 
-func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c cause) (released, error) {
+// apply takes st back as c says; letter is the dead letter a poison park
+// stored (zero if none), also when its CAS was lost.
+func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c cause) (out released, letter parkedLetter, err error) {
 	cancelWanted, err := r.cancelWanted(ctx, st)
 	if err != nil {
-		return untouched, err
+		return untouched, letter, err
 	}
 	switch {
 	case cancelWanted:
 		if err := r.cancel(ctx, st, rev, c); err != nil {
-			return untouched, err
+			return untouched, letter, err
 		}
-		return cancelled, nil
+		return cancelled, letter, nil
 	case c.suspect && st.Recoveries+1 >= r.poison:
 		why := fmt.Sprintf("poison: taken back from its agent %d times (last: %s)", st.Recoveries+1, c.reason)
-		if err := r.dead.park(ctx, st, rev, protocol.DLQPoison, why, c.task, 0); err != nil {
-			return untouched, err
+		letter, err := r.dead.park(ctx, st, rev, protocol.DLQPoison, why, c.task, 0)
+		if err != nil {
+			return untouched, letter, err
 		}
-		return parked, nil
+		return parked, letter, nil
 	}
 	if err := r.requeue(ctx, st, rev, c); err != nil {
-		return untouched, err
+		return untouched, letter, err
 	}
-	return requeued, nil
+	return requeued, letter, nil
 }
 
 // cancelWanted reports whether the step or its job is to be cancelled.

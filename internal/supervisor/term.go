@@ -75,15 +75,17 @@ func (t *term) eventOnce(ctx context.Context, e protocol.Event, occurrence strin
 	return t.events.PublishOnce(ctx, e, occurrence)
 }
 
-// publish sends msg with a JetStream publish and waits for its PubAck.
-func (t *term) publish(ctx context.Context, msg *nats.Msg) error {
+// publish sends msg with a JetStream publish and returns its PubAck
+// (whose Duplicate says the stream dropped msg for its Nats-Msg-Id).
+func (t *term) publish(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
 	if err := t.fence(); err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := t.js.PublishMsg(ctx, msg); err != nil {
-		return fmt.Errorf("publish %s: %w", msg.Subject, err)
+	ack, err := t.js.PublishMsg(ctx, msg)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s: %w", msg.Subject, err)
 	}
-	return nil
+	return ack, nil
 }
 
 // deleteMsg removes message seq from stream; one already gone is fine.

@@ -270,21 +270,29 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 // cancelled: then it ends cancelled as any released step would.
 func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string, raw *jetstream.RawStreamMsg) error {
 	why := cluster.TransferGiveUpReason(w.cluster, member, w.policy)
+	// The letters of parks that lost their CAS: withdrawn if the step
+	// turns out to have moved on (see parkedLetters).
+	var sent parkedLetters
 	for range maxConflicts {
 		st, rev, err := x.store.Step(ctx, w.job, w.step)
 		if errors.Is(err, jobstore.ErrNotFound) {
+			x.dead.withdraw(ctx, sent, nil, parkedLetter{})
 			return nil
 		}
 		if err != nil {
 			return err
 		}
 		if st.State.Terminal() {
+			x.dead.withdraw(ctx, sent, st, parkedLetter{})
 			return nil
 		}
 		if cw, err := x.release.cancelWanted(ctx, st); err != nil || cw {
 			if err == nil && st.State == jobstore.StepDispatched {
 				_, err = x.release.release(ctx, st.JobID, st.ID, cause{status: statusTransferred, reason: why, agent: st.Actor, epoch: st.Epoch})
 				x.adv.AdvanceOrRetry(ctx, st.JobID)
+			}
+			if err == nil {
+				x.dead.withdraw(ctx, sent, st, parkedLetter{})
 			}
 			return err
 		}
@@ -296,13 +304,15 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 			a := &st.Attempts[n-1]
 			a.Status, a.Error, a.FinishedAt = string(protocol.DLQTransferTimeout), why, x.term.now().UTC()
 		}
-		err = x.dead.park(ctx, st, rev, protocol.DLQTransferTimeout, why, raw, 0)
+		l, err := x.dead.park(ctx, st, rev, protocol.DLQTransferTimeout, why, raw, 0)
+		sent.add(l)
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
+		x.dead.withdraw(ctx, sent, st, l)
 		x.log.Error().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("cluster", w.cluster).
 			Int("retries", w.retries).Msg("transferred step never taken up: dead-lettered")
 		x.adv.AdvanceOrRetry(ctx, w.job)
