@@ -54,16 +54,17 @@ func (s *Scheduler) chooseCluster(st *jobstore.Step) (protocol.Presence, uint64,
 		if key == avoid {
 			continue
 		}
-		p, err := s.selector.Peek(req(key))
+		// The selector's score: its load counts this scheduler's own
+		// assignments since the member's heartbeat, and its health. Scored
+		// from the heartbeat alone, a burst all went to the member that
+		// last reported itself idle, and a degraded member ranked as a
+		// healthy one.
+		_, sc, err := s.selector.PeekScore(req(key))
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		rate := 1.0
-		if n := p.Succeeded + p.Failed; n > 0 {
-			rate = float64(p.Succeeded) / float64(n)
-		}
-		if sc := selection.Score(rate, p.InFlight, p.MaxConcurrent, 1); sc > bestScore {
+		if sc > bestScore {
 			best, bestScore = key, sc
 		}
 	}

@@ -341,3 +341,40 @@ func TestNewKeepsLeastLoadedForFreshAgents(t *testing.T) {
 		t.Fatalf("choices %q, want ababc", got.String())
 	}
 }
+
+// PeekScore scores an agent as the score strategy would now: its load
+// counts this selector's assignments since the agent's heartbeat, and its
+// health. An active-active cluster's members are routed by it; scored from
+// their heartbeats alone, a burst all went to the member that last
+// reported itself idle.
+func TestPeekScoreCountsAssignmentsAndHealth(t *testing.T) {
+	t.Parallel()
+	s := newSelector(t, nil)
+	a, b := agent("a", 0, 4), agent("b", 1, 4)
+	s.Observe(a)
+	s.Observe(b)
+	score := func(id string) float64 {
+		t.Helper()
+		_, sc, err := s.PeekScore(selection.Request{Pool: "p", Action: "echo", Agent: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	if score("a") <= score("b") {
+		t.Fatalf("idle a %.3f, busier b %.3f", score("a"), score("b"))
+	}
+	for range 2 {
+		if _, err := s.Choose(selection.Request{Pool: "p", Action: "echo", Agent: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if score("a") >= score("b") {
+		t.Fatalf("after two assignments to a (between heartbeats): a %.3f, b %.3f; want b ahead", score("a"), score("b"))
+	}
+	before := score("b")
+	s.SetHealth(key(b), health.Assessment{Level: health.Degraded})
+	if score("b") >= before {
+		t.Fatalf("degraded b scores %.3f, was %.3f", score("b"), before)
+	}
+}
