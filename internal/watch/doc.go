@@ -16,12 +16,17 @@
 //
 //   - the connection reports DISCONNECTED or RECONNECTING: the view is
 //     stale from that moment; CONNECTED again starts a re-sync at once;
-//   - the watch delivered nothing for a heartbeat (1 s by default) and the
+//   - the watch delivered nothing for a heartbeat (1 s by default), the
 //     bucket's last sequence on the server (a filtered watch: the last
 //     sequence of its keys, one direct get per filter) is beyond the last
-//     revision delivered: the watcher stalled (e.g. its consumer died with a cluster
+//     revision delivered, and the watcher still delivers nothing for the
+//     next heartbeat (a put stored just before the probe may be on its
+//     way): the watcher stalled (e.g. its consumer died with a cluster
 //     node), re-sync; a probe that fails marks the view stale, and the
-//     first one that succeeds afterwards re-syncs;
+//     first one that succeeds afterwards re-syncs. A full read covers the
+//     stream up to its last sequence when the read began, so a newest
+//     message removed before any watcher saw it (an expiry without a
+//     marker, a marker that aged out, PurgeDeletes) costs no re-sync;
 //   - the watcher's channel closes: re-sync.
 //
 // A re-sync starts a new watcher, reads every key, and reports only the

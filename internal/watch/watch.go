@@ -44,7 +44,9 @@ type Config struct {
 	Synced func(resync bool)
 	// Heartbeat is how long the watch may go without delivering anything
 	// before it asks the server whether it missed something (the bucket's
-	// last sequence against the last revision seen). Defaults to 1s.
+	// last sequence against the last revision seen); a watcher found behind
+	// that delivers nothing for another heartbeat is taken for stalled.
+	// Defaults to 1s.
 	Heartbeat time.Duration
 	// Backoff is the wait between attempts to re-read the bucket while the
 	// server is unreachable. Defaults to 100ms.
@@ -184,7 +186,11 @@ func (w *Watch) Run(ctx context.Context, handle func(Event)) error {
 	conn := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
 	defer nc.RemoveStatusListener(conn)
 	known := map[string]uint64{} // key → revision reported
-	var last uint64              // highest revision delivered
+	// last is the position the view is known to cover: the highest
+	// revision delivered, or (unfiltered) the stream's last sequence when
+	// the last full read began, which that read covers even if the message
+	// there was removed before anyone could deliver it.
+	var last uint64
 	for ctx.Err() == nil {
 		if !nc.IsConnected() {
 			// A read now would only wait out its request timeout: wait
@@ -222,6 +228,25 @@ func (w *Watch) sync(ctx context.Context, known map[string]uint64, last *uint64,
 	w.mu.Lock()
 	first := !w.synced
 	w.mu.Unlock()
+	// An unfiltered probe compares the stream's last sequence with the
+	// revisions delivered. When the newest message was removed before any
+	// watcher could deliver it (an entry whose TTL expired without a
+	// marker, a limit marker that aged out, PurgeDeletes), no revision ever
+	// reaches that sequence, and each quiet heartbeat would re-sync again.
+	// The watcher started below delivers every entry stored at or before
+	// the sequence read here, so once it has been read, the view covers it.
+	// (A filtered probe looks up its keys' newest stored messages, which a
+	// read always delivers.)
+	var covered uint64
+	if len(w.cfg.Keys) == 0 {
+		lctx, cancel := context.WithTimeout(ctx, 4*w.cfg.Heartbeat)
+		seq, err := w.lastSeq(lctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("last sequence of %s before reading it: %w", w.stream, err)
+		}
+		covered = seq
+	}
 	var kw jetstream.KeyWatcher
 	var err error
 	if len(w.cfg.Keys) > 0 {
@@ -281,7 +306,7 @@ func (w *Watch) sync(ctx context.Context, known map[string]uint64, last *uint64,
 			handle(Event{Key: k, Op: jetstream.KeyValuePurge, Resync: true})
 		}
 	}
-	*last = max(*last, maxRev)
+	*last = max(*last, maxRev, covered)
 	w.fresh(!first)
 	return kw, nil
 }
@@ -293,6 +318,14 @@ func (w *Watch) follow(ctx context.Context, kw jetstream.KeyWatcher, known map[s
 	tick := time.NewTicker(w.cfg.Heartbeat)
 	defer tick.Stop()
 	lastDelivery := w.cfg.Now()
+	// A probe that finds the bucket beyond what was delivered is not proof
+	// of a stall: a put stored just before the probe may still be on its
+	// way, or waiting in kw.Updates() while this goroutine probes. behind
+	// is the sequence such a probe found (zero: none pending) and
+	// behindDeliveries the deliveries counted then; only a watcher that
+	// delivers nothing for the next heartbeat and is still behind is taken
+	// for stalled.
+	var behind, deliveries, behindDeliveries uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -313,6 +346,7 @@ func (w *Watch) follow(ctx context.Context, kw jetstream.KeyWatcher, known map[s
 				continue
 			}
 			lastDelivery = w.cfg.Now()
+			deliveries++
 			*last = max(*last, e.Revision())
 			if e.Operation() == jetstream.KeyValuePut {
 				known[e.Key()] = e.Revision()
@@ -322,39 +356,45 @@ func (w *Watch) follow(ctx context.Context, kw jetstream.KeyWatcher, known map[s
 				handle(Event{Key: e.Key(), Op: e.Operation()})
 			}
 		case <-tick.C:
+			if behind != 0 {
+				if *last < behind && deliveries == behindDeliveries {
+					return fmt.Errorf("%w: watcher of %s silent at revision %d for a heartbeat, bucket at %d",
+						errResync, w.stream, *last, behind)
+				}
+				// It delivered since: caught up, or still moving.
+				behind = 0
+			}
 			if w.cfg.Now().Sub(lastDelivery) < w.cfg.Heartbeat && w.Fresh() {
 				continue
 			}
-			if err := w.probe(ctx, *last); err != nil {
-				if !errors.Is(err, errResync) {
-					w.gap(err.Error())
-					continue
-				}
-				return err
+			seq, err := w.probe(ctx)
+			if err != nil {
+				w.gap(err.Error())
+				continue
 			}
 			if !w.Fresh() {
 				// A gap (disconnect, failed probe) that ended without a
 				// reconnect event reaching us: read again.
 				return fmt.Errorf("%w: server reachable again", errResync)
 			}
+			if seq > *last {
+				behind, behindDeliveries = seq, deliveries
+			}
 		}
 	}
 }
 
 // probe asks the server for the bucket's last sequence (a filtered watch:
-// the last of its keys'): one beyond what was delivered after a silent
-// heartbeat means the watcher stalled.
-func (w *Watch) probe(ctx context.Context, last uint64) error {
+// the last of its keys'), after a silent heartbeat: one beyond what was
+// delivered means the watcher is behind, stalled if it stays so (follow).
+func (w *Watch) probe(ctx context.Context) (uint64, error) {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.Heartbeat)
 	defer cancel()
 	seq, err := w.lastSeq(pctx)
 	if err != nil {
-		return fmt.Errorf("probe %s: %w", w.stream, err)
+		return 0, fmt.Errorf("probe %s: %w", w.stream, err)
 	}
-	if seq > last {
-		return fmt.Errorf("%w: watcher of %s silent at revision %d, bucket at %d", errResync, w.stream, last, seq)
-	}
-	return nil
+	return seq, nil
 }
 
 // lastSeq is the sequence of the newest message the watch should have

@@ -344,3 +344,167 @@ func TestWatchFilteredKeys(t *testing.T) {
 		t.Fatal("Synced not called after the re-sync")
 	}
 }
+
+// TestWatchNoResyncLoopAfterNewestMessageExpired: the bucket's newest
+// message is gone before the watch starts (an entry whose TTL expired
+// without a marker, as a health record does; likewise a limit marker that
+// aged out, or PurgeDeletes). The stream's last sequence still names it, but
+// no watcher can deliver it: the watch must not take that for a stalled
+// watcher at every quiet heartbeat (re-sync after re-sync, a consumer
+// created each time, the gap never ending so Settled stays false).
+func TestWatchNoResyncLoopAfterNewestMessageExpired(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: time.Second,
+		Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.PutString(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "a expired", func() bool {
+		info, err := stream.Info(ctx)
+		return err == nil && info.State.Msgs == 0 && info.State.LastSeq == 1
+	})
+	w := watch.ForKV(js, kv, watch.Config{})
+	v := &view{values: map[string]string{}}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch not ready")
+	}
+	// Four quiet heartbeats: each would have been a re-sync. Showing that
+	// something does not happen takes a bounded wait.
+	time.Sleep(4 * time.Second)
+	if st := w.Status(); st.Resyncs != 0 || !st.Fresh || !w.Settled(time.Hour, time.Now()) {
+		t.Fatalf("re-synced over a message that expired before the watch started: %+v", st)
+	}
+	// It still notices a stalled watcher: its consumer vanishes and the
+	// bucket moves on.
+	for info := range stream.ListConsumers(ctx).Info() {
+		if err := stream.DeleteConsumer(ctx, info.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.PutString(ctx, "b", "while-stalled"); err != nil {
+		t.Fatal(err)
+	}
+	// b itself may expire before the re-sync reads it (TTL 1 s): the
+	// re-sync is what shows the stall was noticed.
+	natstest.Eventually(t, 5*time.Second, "re-sync after the watcher's consumer vanished", func() bool {
+		return w.Status().Resyncs >= 1
+	})
+}
+
+// startWatch runs a watch of bucket on its own connection with cfg and
+// handle, and waits for its first read.
+func startWatch(t *testing.T, srv *natsServer, cfg watch.Config, handle func(watch.Event)) *watch.Watch {
+	t.Helper()
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	w, err := watch.New(ctx, js, bucket, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(rctx, handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch not ready")
+	}
+	return w
+}
+
+// TestWatchProbeToleratesInFlightDelivery: a handler busy for longer than
+// a heartbeat while the next put is stored. When it returns, the quiet
+// heartbeat's probe and that put's delivery are both waiting; a probe that
+// runs first finds the bucket one beyond what was delivered, though the
+// watcher is not stalled. The watch must wait for the delivery rather than
+// re-sync. Each round is such a race (the order of the two is up to
+// select), so a watch that re-syncs on one behind probe does so within a
+// few rounds.
+func TestWatchProbeToleratesInFlightDelivery(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const beat = 100 * time.Millisecond
+	v := &view{values: map[string]string{}}
+	w := startWatch(t, srv, watch.Config{Heartbeat: beat}, func(e watch.Event) {
+		if e.Key == "slow" && !e.Initial {
+			time.Sleep(2 * beat) // a slow handler: the ticker fires meanwhile
+		}
+		v.handle(e)
+	})
+	for i := range 12 {
+		if _, err := kv.PutString(ctx, "slow", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.PutString(ctx, "next", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 5*time.Second, fmt.Sprintf("round %d delivered", i), func() bool {
+			n, _ := v.get("next")
+			return n == fmt.Sprint(i)
+		})
+		if st := w.Status(); st.Resyncs != 0 {
+			t.Fatalf("round %d: re-synced over a delivery in flight: %+v", i, st)
+		}
+	}
+	// A round's probe may still be waiting for the next heartbeat's verdict.
+	time.Sleep(3 * beat)
+	if st := w.Status(); st.Resyncs != 0 || !st.Fresh {
+		t.Fatalf("re-synced over a delivery in flight: %+v", st)
+	}
+}
+
+// TestWatchSteadyWriterNoResync: one writer puts a key about once a
+// heartbeat, with jitter, as an agent's presence heartbeat does. Now and
+// then a quiet heartbeat's probe lands between a put being stored and its
+// delivery; that is no stall and must not cost a re-sync.
+func TestWatchSteadyWriterNoResync(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	ctx := context.Background()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const beat = 50 * time.Millisecond
+	v := &view{values: map[string]string{}}
+	w := startWatch(t, srv, watch.Config{Heartbeat: beat}, v.handle)
+	for i := range 100 {
+		if _, err := kv.PutString(ctx, "k", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		// The writer's own period: one heartbeat, give or take a tenth,
+		// so the puts sweep across the watch's ticks.
+		time.Sleep(beat + time.Duration(i%11-5)*beat/50)
+	}
+	natstest.Eventually(t, 5*time.Second, "last put seen", func() bool {
+		k, _ := v.get("k")
+		return k == "99"
+	})
+	if st := w.Status(); st.Resyncs != 0 || !st.Fresh {
+		t.Fatalf("steady writer caused re-syncs: %+v", st)
+	}
+}
