@@ -113,28 +113,22 @@ func TestEveryProcessHasTheCommonFlags(t *testing.T) {
 	}
 }
 
+// resolveErr is p's resolve of args with no environment, for its error.
+func resolveErr[C any](p Process[C]) func(args []string) error {
+	return func(args []string) error {
+		_, _, err := p.resolve(args, &bytes.Buffer{}, &bytes.Buffer{}, envOf(nil))
+		return err
+	}
+}
+
 // A misspelt log level is refused at start by every process, as any other
 // bad setting: the logger would quietly log at info (the scheduler,
 // supervisor and api never checked it; only the agent did).
 func TestEveryProcessRefusesAnUnknownLogLevel(t *testing.T) {
 	t.Parallel()
 	for name, resolve := range map[string]func([]string) error{
-		"scheduler": func(a []string) error {
-			_, _, err := Scheduler.resolve(a, &bytes.Buffer{}, &bytes.Buffer{}, envOf(nil))
-			return err
-		},
-		"supervisor": func(a []string) error {
-			_, _, err := Supervisor.resolve(a, &bytes.Buffer{}, &bytes.Buffer{}, envOf(nil))
-			return err
-		},
-		"api": func(a []string) error {
-			_, _, err := API.resolve(a, &bytes.Buffer{}, &bytes.Buffer{}, envOf(nil))
-			return err
-		},
-		"agent": func(a []string) error {
-			_, _, err := Agent.resolve(a, &bytes.Buffer{}, &bytes.Buffer{}, envOf(nil))
-			return err
-		},
+		"scheduler": resolveErr(Scheduler), "supervisor": resolveErr(Supervisor),
+		"api": resolveErr(API), "agent": resolveErr(Agent),
 	} {
 		var usage *UsageError
 		if err := resolve([]string{"--log-level", "verbose"}); !errors.As(err, &usage) || !strings.Contains(err.Error(), "verbose") {

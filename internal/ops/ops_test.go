@@ -115,23 +115,15 @@ func keys(m map[string]micro.Info) []string {
 	return out
 }
 
-// TestMicroServices lists the scheduler's, supervisor's and API's micro
-// services through the micro API (what `nats micro ls` does), calls a read
-// endpoint, and checks an error carries the stable code and counts in the
-// endpoint's stats.
-func TestMicroServices(t *testing.T) {
-	t.Parallel()
+// apiMicro starts a server with the streams and registers the API's micro
+// service, with its admin endpoints, on a connection to it; the service
+// stops when the test ends.
+func apiMicro(t *testing.T) (*nats.Conn, *jobstore.Store, micro.Service) {
+	t.Helper()
 	srv := natstest.New(t)
 	nc, js := srv.Connect(t)
 	srv.Ensure(t, js, streams.Options{TaskShards: 1})
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, p := range []string{ops.ServiceScheduler, ops.ServiceSupervisor} {
-		if err := ops.StartService(c, nc, p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st, err := jobstore.Open(c, js)
+	st, err := jobstore.Open(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +131,24 @@ func TestMicroServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = svc.Stop() }()
+	t.Cleanup(func() { _ = svc.Stop() })
+	return nc, st, svc
+}
+
+// TestMicroServices lists the scheduler's, supervisor's and API's micro
+// services through the micro API (what `nats micro ls` does), calls a read
+// endpoint, and checks an error carries the stable code and counts in the
+// endpoint's stats.
+func TestMicroServices(t *testing.T) {
+	t.Parallel()
+	nc, _, svc := apiMicro(t)
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, p := range []string{ops.ServiceScheduler, ops.ServiceSupervisor} {
+		if err := ops.StartService(c, nc, p); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	infos := serviceInfos(t, nc, "warden-api", "warden-scheduler", "warden-supervisor")
 	endpoints := func(name string) map[string]string {
@@ -259,20 +268,8 @@ func newOps(t *testing.T) (*ops.Ops, jetstream.JetStream, context.Context) {
 // job store) write an answer over a job record.
 func TestMicroEndpointsAnswerOnlyOnAnInbox(t *testing.T) {
 	t.Parallel()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := jobstore.Open(c, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := ops.RegisterMicro(nc, ops.New(nc, st), ops.ServiceAPI, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = svc.Stop() }()
+	nc, st, _ := apiMicro(t)
+	c := context.Background()
 	sink, err := nc.SubscribeSync("evil.sink")
 	if err != nil {
 		t.Fatal(err)
