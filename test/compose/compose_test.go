@@ -32,7 +32,7 @@ const project = "warden-compose-test"
 // Host ports, away from a developer's own deployment.
 var ports = map[string]string{
 	"WARDEN_NATS_PORT": "14222", "WARDEN_SCHEDULER_1_PORT": "19090", "WARDEN_SCHEDULER_2_PORT": "19091",
-	"WARDEN_SUPERVISOR_1_PORT": "19092", "WARDEN_SUPERVISOR_2_PORT": "19093",
+	"WARDEN_SUPERVISOR_1_PORT": "19092", "WARDEN_SUPERVISOR_2_PORT": "19093", "WARDEN_API_PORT": "18080",
 }
 
 type env struct {
@@ -81,6 +81,55 @@ func (e *env) warden(role string, args ...string) (string, error) {
 		return b.String(), fmt.Errorf("warden %s: %v: %s", strings.Join(args, " "), err, errb.String())
 	}
 	return b.String(), nil
+}
+
+// submit submits spec with `warden submit` as the publisher and returns
+// the job id.
+func (e *env) submit(t *testing.T, spec string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "job.json")
+	if err := os.WriteFile(f, []byte(spec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.warden("publisher", "--json", "submit", "-f", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		JobID string `json:"job_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("submit: %v\n%s", err, out)
+	}
+	return r.JobID
+}
+
+// jobState is a job's state as `warden job show` reads it ("" if unread).
+func (e *env) jobState(id string) string {
+	out, err := e.warden("readonly", "--json", "job", "show", id)
+	var v struct {
+		Job struct {
+			State string `json:"state"`
+		} `json:"job"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil {
+		return ""
+	}
+	return v.Job.State
+}
+
+// getJSON GETs url and decodes its JSON body into v; it returns the status.
+func getJSON(t *testing.T, url string, v any) int {
+	t.Helper()
+	r, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer func() { _ = r.Body.Close() }()
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %d, body: %v", url, r.StatusCode, err)
+	}
+	return r.StatusCode
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -170,34 +219,32 @@ func TestCompose(t *testing.T) {
 		spec := fmt.Sprintf(`{"name":"compose-%d","steps":[{"id":"a","action":"echo","params":{"message":"a"}},`+
 			`{"id":"b","action":"sleep","params":{"duration":"100ms"},"depends_on":["a"]},`+
 			`{"id":"c","action":"echo","params":{"message":"c"},"depends_on":["b"]}]}`, i)
-		f := filepath.Join(t.TempDir(), "job.json")
-		if err := os.WriteFile(f, []byte(spec), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		out, err := e.warden("publisher", "--json", "submit", "-f", f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var r struct {
-			JobID string `json:"job_id"`
-		}
-		if err := json.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("submit: %v\n%s", err, out)
-		}
-		ids = append(ids, r.JobID)
+		ids = append(ids, e.submit(t, spec))
 	}
 	for _, id := range ids {
-		waitFor(t, 60*time.Second, "job "+id+" succeeds", func() bool {
-			out, err := e.warden("readonly", "--json", "job", "show", id)
-			var v struct {
-				Job struct {
-					State string `json:"state"`
-				} `json:"job"`
-			}
-			return err == nil && json.Unmarshal([]byte(out), &v) == nil && v.Job.State == "succeeded"
-		})
+		waitFor(t, 60*time.Second, "job "+id+" succeeds", func() bool { return e.jobState(id) == "succeeded" })
 	}
 	t.Logf("%d jobs succeeded", len(ids))
+
+	// The HTTP API, under its own identity: ready, and it reads the jobs.
+	api := "http://127.0.0.1:" + ports["WARDEN_API_PORT"]
+	waitFor(t, 60*time.Second, "the API is ready", func() bool {
+		r, err := http.Get(api + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = r.Body.Close()
+		return r.StatusCode == http.StatusOK
+	})
+	var shown struct {
+		Job struct {
+			State string `json:"state"`
+		} `json:"job"`
+	}
+	if code := getJSON(t, api+"/api/v1/jobs/"+ids[0], &shown); code != http.StatusOK || shown.Job.State != "succeeded" {
+		t.Fatalf("GET /api/v1/jobs/%s: %d, state %q", ids[0], code, shown.Job.State)
+	}
+	t.Logf("API: ready, and job %s reads %s", ids[0], shown.Job.State)
 
 	// Healthy running: no supervisor fails over an agent that is alive.
 	if rest := healthy - time.Since(started); rest > 0 {
@@ -269,6 +316,34 @@ func TestCompose(t *testing.T) {
 	t.Logf("%d containers, none as root", len(ids2)+1)
 
 	killOneNode(t, e)
+	stopAnAgentMidTask(t, e)
+}
+
+// stopAnAgentMidTask stops an agent (docker-compose stop: SIGTERM, then
+// SIGKILL after the service's stop_grace_period) while it runs a 15 s
+// step: the agent drains, lets the step finish, and exits 0. With Docker's
+// default 10 s grace it was killed (exit 137) in the middle of the step.
+func stopAnAgentMidTask(t *testing.T, e *env) {
+	t.Helper()
+	job := e.submit(t, `{"name":"stop-mid-task","steps":[{"id":"a","action":"sleep","agent":"agent-3","params":{"duration":"15s"}}]}`)
+	waitFor(t, 30*time.Second, "the 15 s step runs on agent-3", func() bool {
+		out, err := e.warden("readonly", "--json", "job", "show", job)
+		return err == nil && strings.Contains(out, `"dispatched"`)
+	})
+	t0 := time.Now()
+	e.mustCompose("stop", "agent-3")
+	took := time.Since(t0)
+	id := strings.TrimSpace(e.mustCompose("ps", "-q", "agent-3"))
+	b, err := exec.Command("docker", "inspect", "-f", "{{.State.ExitCode}}", id).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := strings.TrimSpace(string(b)); code != "0" {
+		t.Fatalf("agent-3 exited %s after %s of stopping, want 0 (drained, not killed)", code, took.Round(time.Second))
+	}
+	waitFor(t, 60*time.Second, "the step's job succeeds", func() bool { return e.jobState(job) == "succeeded" })
+	t.Logf("agent-3 stopped mid-task in %s, exit 0; its job succeeded", took.Round(time.Second))
+	e.mustCompose("start", "agent-3")
 }
 
 // killOneNode kills one of the three NATS servers (SIGKILL) while jobs
