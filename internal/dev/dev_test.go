@@ -76,6 +76,34 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// followJob connects to a dev server at url, runs inspect (if set) on its
+// JetStream, submits spec, and follows the job to its end.
+func followJob(ctx context.Context, url string, spec []byte, inspect func(jetstream.JetStream) error) (*jobstore.Job, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	if inspect != nil {
+		if err := inspect(js); err != nil {
+			return nil, err
+		}
+	}
+	c := client.New(js, client.Options{})
+	r, err := c.Submit(ctx, spec, client.SubmitOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if !r.Confirmed {
+		return nil, errors.New("the scheduler did not confirm the job")
+	}
+	return c.Follow(ctx, r.JobID, nil)
+}
+
 func TestDevRunsTheDemoJobOnRealProcesses(t *testing.T) {
 	t.Parallel()
 	bin := binaries(t)
@@ -90,25 +118,8 @@ func TestDevRunsTheDemoJobOnRealProcesses(t *testing.T) {
 	err = dev.Run(ctx, dev.Config{
 		DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs", Out: &out,
 		ExitAfterReady: true,
-		OnReady: func(ctx context.Context, env dev.Env) error {
-			nc, err := nats.Connect(env.URL)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
-			c := client.New(js, client.Options{})
-			r, err := c.Submit(ctx, spec, client.SubmitOptions{})
-			if err != nil {
-				return err
-			}
-			if !r.Confirmed {
-				return errors.New("the scheduler did not confirm the demo job")
-			}
-			final, err = c.Follow(ctx, r.JobID, nil)
+		OnReady: func(ctx context.Context, env dev.Env) (err error) {
+			final, err = followJob(ctx, env.URL, spec, nil)
 			return err
 		},
 	})
@@ -223,29 +234,17 @@ func TestDevRunsAResizedDeployment(t *testing.T) {
 	err := dev.Run(ctx, dev.Config{
 		DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: cfgDir, Out: &out, Agents: 1, TaskShards: 2,
 		ExitAfterReady: true,
-		OnReady: func(ctx context.Context, env dev.Env) error {
-			nc, err := nats.Connect(env.URL)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				return err
-			}
-			for l := js.StreamNames(ctx); ; {
-				name, ok := <-l.Name()
-				if !ok {
-					break
+		OnReady: func(ctx context.Context, env dev.Env) (err error) {
+			spec := []byte(`{"name":"resized","steps":[{"id":"a","action":"echo","params":{"message":"hi"}}]}`)
+			final, err = followJob(ctx, env.URL, spec, func(js jetstream.JetStream) error {
+				for l := js.StreamNames(ctx); ; {
+					name, ok := <-l.Name()
+					if !ok {
+						return nil
+					}
+					streamNames = append(streamNames, name)
 				}
-				streamNames = append(streamNames, name)
-			}
-			c := client.New(js, client.Options{})
-			r, err := c.Submit(ctx, []byte(`{"name":"resized","steps":[{"id":"a","action":"echo","params":{"message":"hi"}}]}`), client.SubmitOptions{})
-			if err != nil {
-				return err
-			}
-			final, err = c.Follow(ctx, r.JobID, nil)
+			})
 			return err
 		},
 	})

@@ -83,6 +83,69 @@ func taskGone(t *testing.T, queue jetstream.Stream, seq uint64) bool {
 	return err != nil
 }
 
+// task returns the task message seq of queue.
+func task(t *testing.T, queue jetstream.Stream, seq uint64) *jetstream.RawStreamMsg {
+	t.Helper()
+	raw, err := queue.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// dispatchedTask is dispatched, with the task it queued.
+func (p *parts) dispatchedTask(t *testing.T, job, agent string) (jetstream.Stream, uint64, *jetstream.RawStreamMsg) {
+	t.Helper()
+	queue, seq := p.dispatched(t, job, agent)
+	return queue, seq, task(t, queue, seq)
+}
+
+// poisonedTask is dispatchedTask for a step already taken back from its
+// agents twice: the next release parks it (poison threshold 3).
+func (p *parts) poisonedTask(t *testing.T, job, agent string) (jetstream.Stream, uint64, *jetstream.RawStreamMsg) {
+	t.Helper()
+	ctx := context.Background()
+	queue, seq := p.dispatched(t, job, agent)
+	st, rev, _ := p.store.Step(ctx, job, "s")
+	st.Recoveries = 2
+	if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatal(err)
+	}
+	return queue, seq, task(t, queue, seq)
+}
+
+// maxDeliver is the advisory that the task seq of queue was delivered 5
+// times to agent without an ack.
+func maxDeliver(queue jetstream.Stream, agent string, seq uint64) advisory {
+	return advisory{Type: advisoryMaxDeliver, Stream: queue.CachedInfo().Config.Name, Consumer: agent, StreamSeq: seq, Deliveries: 5}
+}
+
+// changeStep applies change to job's step s and stores it, on the revision
+// it read.
+func (p *parts) changeStep(t *testing.T, job string, change func(st *jobstore.Step) error) {
+	t.Helper()
+	ctx := context.Background()
+	st, rev, err := p.store.Step(ctx, job, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := change(st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// renew renews job's step s in place (still dispatched, same epoch).
+func (p *parts) renew(t *testing.T, job string) {
+	t.Helper()
+	p.changeStep(t, job, func(st *jobstore.Step) error {
+		st.LockedUntil = time.Now().Add(time.Minute)
+		return nil
+	})
+}
+
 // An agent may publish on its own dead-letter subject with any
 // Nats-Msg-Id, and WARDEN_DLQ deduplicates by id across all its subjects.
 // An agent that knew (or guessed) a step's job, step and epoch could
@@ -102,11 +165,7 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 	t.Parallel()
 	p := newParts(t)
 	ctx := context.Background()
-	queue, seq := p.dispatched(t, "job-f", "a1")
-	raw, err := queue.GetMsg(ctx, seq)
-	if err != nil {
-		t.Fatal(err)
-	}
+	queue, seq, raw := p.dispatchedTask(t, "job-f", "a1")
 	genuine := protocol.DLQSubject("default", "a1")
 
 	// The forger: agent "evil" on its own subject, with the id the
@@ -148,18 +207,11 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 			}
 			return true
 		case 2:
-			st, rev, err := p.store.Step(ctx, "job-f", "s")
-			if err != nil {
-				t.Fatal(err)
-			}
-			st.LockedUntil = time.Now().Add(time.Minute)
-			if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
-				t.Fatal(err)
-			}
+			p.renew(t, "job-f")
 		}
 		return false
 	}
-	adv := advisory{Type: advisoryMaxDeliver, Stream: queue.CachedInfo().Config.Name, Consumer: "a1", StreamSeq: seq, Deliveries: 5}
+	adv := maxDeliver(queue, "a1", seq)
 	if err := p.rel.dead.exhausted(ctx, adv, raw); !errors.Is(err, errNotLeader) {
 		t.Fatalf("first handling: %v, want errNotLeader", err)
 	}
@@ -195,10 +247,7 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 	// The task's own agent, forging on its own subject (the letter's) a
 	// message with every header of the letter but another body: not the
 	// letter either.
-	queue, seq = p.dispatched(t, "job-g", "a1")
-	if raw, err = queue.GetMsg(ctx, seq); err != nil {
-		t.Fatal(err)
-	}
+	queue, seq, raw = p.dispatchedTask(t, "job-g", "a1")
 	fake = nats.NewMsg(genuine)
 	for k, v := range raw.Header {
 		fake.Header[k] = v
@@ -229,31 +278,26 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 	}
 }
 
-// succeedUnder returns a hook that, the first time the task at seq has
+// succeedUnder hooks p's term so that, the first time the task at seq has
 // left queue (the park stored its letter and deleted the task, and is
-// about to mark the step), records the step as succeeded: the agent's
-// result won the race, and the park's CAS conflicts.
-func succeedUnder(t *testing.T, p *parts, queue jetstream.Stream, seq uint64, job string) (hook func() bool, fired *atomic.Bool) {
+// about to mark the step), the step is recorded as succeeded: the agent's
+// result won the race, and the park's CAS conflicts. fired says whether
+// that happened.
+func succeedUnder(t *testing.T, p *parts, queue jetstream.Stream, seq uint64, job string) (fired *atomic.Bool) {
 	fired = &atomic.Bool{}
-	return func() bool {
+	p.hooked().hook = func() bool {
 		if fired.Load() || !taskGone(t, queue, seq) {
 			return false
 		}
 		fired.Store(true)
-		ctx := context.Background()
-		st, rev, err := p.store.Step(ctx, job, "s")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.ApplyResult(protocol.Result{JobID: job, StepID: "s", Epoch: st.Epoch, Token: st.Token, Agent: st.Actor,
-			Status: protocol.ResultSucceeded}, false, time.Now().UTC()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
-			t.Fatal(err)
-		}
+		p.changeStep(t, job, func(st *jobstore.Step) error {
+			_, err := st.ApplyResult(protocol.Result{JobID: job, StepID: "s", Epoch: st.Epoch, Token: st.Token, Agent: st.Actor,
+				Status: protocol.ResultSucceeded}, false, time.Now().UTC())
+			return err
+		})
 		return false
-	}, fired
+	}
+	return fired
 }
 
 // A park stores its letter (and deletes the task) before the CAS that
@@ -287,15 +331,9 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		t.Parallel()
 		p := newParts(t)
 		ctx := context.Background()
-		queue, seq := p.dispatched(t, "job-e", "a1")
-		raw, err := queue.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var fired *atomic.Bool
-		p.hooked().hook, fired = succeedUnder(t, p, queue, seq, "job-e")
-		adv := advisory{Type: advisoryMaxDeliver, Stream: queue.CachedInfo().Config.Name, Consumer: "a1", StreamSeq: seq, Deliveries: 5}
-		if err := p.rel.dead.exhausted(ctx, adv, raw); err != nil {
+		queue, seq, raw := p.dispatchedTask(t, "job-e", "a1")
+		fired := succeedUnder(t, p, queue, seq, "job-e")
+		if err := p.rel.dead.exhausted(ctx, maxDeliver(queue, "a1", seq), raw); err != nil {
 			t.Fatal(err)
 		}
 		check(t, p, "exhausted", "job-e", fired)
@@ -305,18 +343,8 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		t.Parallel()
 		p := newParts(t)
 		ctx := context.Background()
-		queue, seq := p.dispatched(t, "job-p", "a2")
-		st, rev, _ := p.store.Step(ctx, "job-p", "s")
-		st.Recoveries = 2
-		if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := queue.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var fired *atomic.Bool
-		p.hooked().hook, fired = succeedUnder(t, p, queue, seq, "job-p")
+		queue, seq, raw := p.poisonedTask(t, "job-p", "a2")
+		fired := succeedUnder(t, p, queue, seq, "job-p")
 		out, err := p.rel.release(ctx, "job-p", "s", cause{status: statusTransferred, reason: "agent a2 failed", agent: "a2", epoch: 1, suspect: true, task: raw})
 		if err != nil || out != untouched {
 			t.Fatalf("release: %v %v, want untouched", out, err)
@@ -328,14 +356,9 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		t.Parallel()
 		p := newParts(t)
 		ctx := context.Background()
-		queue, seq := p.dispatched(t, "job-t", "a3")
-		raw, err := queue.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
+		queue, seq, raw := p.dispatchedTask(t, "job-t", "a3")
 		x := newTransfers(p.term, p.js, p.store, p.rel, p.rel.dead, p.adv, NewMetrics(nil), streams.DefaultTaskShards, time.Second, p.rel.log)
-		var fired *atomic.Bool
-		p.hooked().hook, fired = succeedUnder(t, p, queue, seq, "job-t")
+		fired := succeedUnder(t, p, queue, seq, "job-t")
 		w := &transferWatch{transferNote: transferNote{job: "job-t", step: "s", cluster: "c1", from: "a3"},
 			policy: cluster.TransferPolicy{Timeout: time.Second, MaxRetries: 1}, retries: 1}
 		if err := x.giveUp(ctx, w, "a3", raw); err != nil {
@@ -352,16 +375,7 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		t.Parallel()
 		p := newParts(t)
 		ctx := context.Background()
-		queue, seq := p.dispatched(t, "job-w", "a5")
-		st, rev, _ := p.store.Step(ctx, "job-w", "s")
-		st.Recoveries = 2
-		if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := queue.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
+		queue, seq, raw := p.poisonedTask(t, "job-w", "a5")
 		c := cause{status: statusTransferred, reason: "agent a5 failed", agent: "a5", epoch: 1, suspect: true, task: raw}
 		var fired, inner atomic.Bool
 		p.hooked().hook = func() bool {
@@ -379,7 +393,7 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		if out, err := p.rel.release(ctx, "job-w", "s", c); err != nil || out != untouched {
 			t.Fatalf("release: %v %v, want untouched", out, err)
 		}
-		st, _, err = p.store.Step(ctx, "job-w", "s")
+		st, _, err := p.store.Step(ctx, "job-w", "s")
 		if !fired.Load() || err != nil || st.State != jobstore.StepDeadLettered {
 			t.Fatalf("step: %+v %v (parked twice: %v)", st, err, fired.Load())
 		}
@@ -395,29 +409,17 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		t.Parallel()
 		p := newParts(t)
 		ctx := context.Background()
-		queue, seq := p.dispatched(t, "job-r", "a4")
-		raw, err := queue.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
+		queue, seq, raw := p.dispatchedTask(t, "job-r", "a4")
 		var renewed atomic.Bool
 		p.hooked().hook = func() bool {
 			if renewed.Load() || !taskGone(t, queue, seq) {
 				return false
 			}
 			renewed.Store(true)
-			st, rev, err := p.store.Step(ctx, "job-r", "s")
-			if err != nil {
-				t.Fatal(err)
-			}
-			st.LockedUntil = time.Now().Add(time.Minute)
-			if _, err := p.store.UpdateStep(ctx, st, rev); err != nil {
-				t.Fatal(err)
-			}
+			p.renew(t, "job-r")
 			return false
 		}
-		adv := advisory{Type: advisoryMaxDeliver, Stream: queue.CachedInfo().Config.Name, Consumer: "a4", StreamSeq: seq, Deliveries: 5}
-		if err := p.rel.dead.exhausted(ctx, adv, raw); err != nil {
+		if err := p.rel.dead.exhausted(ctx, maxDeliver(queue, "a4", seq), raw); err != nil {
 			t.Fatal(err)
 		}
 		st, _, err := p.store.Step(ctx, "job-r", "s")

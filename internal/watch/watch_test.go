@@ -63,6 +63,64 @@ func (v *view) find(match func(watch.Event) bool) bool {
 	return false
 }
 
+// createBucket connects to srv and creates the bucket (entries living ttl,
+// 0 for ever).
+func createBucket(t *testing.T, srv *natsServer, ttl time.Duration) (jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	_, js := srv.connect(t, 250*time.Millisecond)
+	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: ttl,
+		Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, kv
+}
+
+// bucketStream returns the bucket's stream.
+func bucketStream(t *testing.T, js jetstream.JetStream) jetstream.Stream {
+	t.Helper()
+	stream, err := js.Stream(context.Background(), "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stream
+}
+
+// run runs w with handle until the test ends.
+func run(t *testing.T, w *watch.Watch, handle func(watch.Event)) {
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(rctx, handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// runReady runs w with handle until the test ends and waits for its first
+// read.
+func runReady(t *testing.T, w *watch.Watch, handle func(watch.Event)) {
+	t.Helper()
+	run(t, w, handle)
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch not ready")
+	}
+}
+
+// stall deletes the consumers of the bucket's stream (the watcher's) and
+// puts "while-stalled" at key.
+func stall(t *testing.T, stream jetstream.Stream, kv jetstream.KeyValue, key string) {
+	t.Helper()
+	ctx := context.Background()
+	for info := range stream.ListConsumers(ctx).Info() {
+		if err := stream.DeleteConsumer(ctx, info.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.PutString(ctx, key, "while-stalled"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 type setup struct {
 	srv *natsServer
 	nc  *nats.Conn // the watch's connection
@@ -78,11 +136,7 @@ func newSetup(t *testing.T, reconnectWait time.Duration, keys map[string]string)
 	t.Helper()
 	srv := startServer(t)
 	ctx := context.Background()
-	_, js := srv.connect(t, 250*time.Millisecond)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := createBucket(t, srv, 0)
 	for k, v := range keys {
 		if _, err := kv.PutString(ctx, k, v); err != nil {
 			t.Fatal(err)
@@ -94,15 +148,7 @@ func newSetup(t *testing.T, reconnectWait time.Duration, keys map[string]string)
 		t.Fatal(err)
 	}
 	v := &view{values: map[string]string{}}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-w.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("watch not ready")
-	}
+	runReady(t, w, v.handle)
 	return &setup{srv: srv, nc: nc, w: w, v: v, kv: kv, js: js}
 }
 
@@ -199,10 +245,7 @@ func TestWatchNoticesKeyRemovedDuringGap(t *testing.T) {
 	s.srv.Up(t)
 	kv := s.reopen(t)
 	ctx := context.Background()
-	stream, err := s.js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := bucketStream(t, s.js)
 	if err := stream.Purge(ctx, jetstream.WithPurgeSubject("$KV."+bucket+".gone")); err != nil {
 		t.Fatal(err)
 	}
@@ -237,10 +280,7 @@ func TestWatchDetectsStalledWatcher(t *testing.T) {
 	t.Parallel()
 	s := newSetup(t, 250*time.Millisecond, map[string]string{"a": "1"})
 	ctx := context.Background()
-	stream, err := s.js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := bucketStream(t, s.js)
 	var names []string
 	for name := range stream.ListConsumers(ctx).Info() {
 		names = append(names, name.Name)
@@ -272,11 +312,7 @@ func TestWatchFilteredKeys(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	ctx := context.Background()
-	_, js := srv.connect(t, 250*time.Millisecond)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := createBucket(t, srv, 0)
 	for _, k := range []string{"a.1", "a.2", "b.1"} {
 		if _, err := kv.PutString(ctx, k, "v"); err != nil {
 			t.Fatal(err)
@@ -286,10 +322,7 @@ func TestWatchFilteredKeys(t *testing.T) {
 	synced := make(chan bool, 8)
 	w := watch.ForKV(js, kv, watch.Config{Keys: []string{"a.>"}, Heartbeat: beat, Synced: func(resync bool) { synced <- resync }})
 	v := &view{values: map[string]string{}}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
-	t.Cleanup(func() { cancel(); <-done })
+	run(t, w, v.handle)
 	select {
 	case resync := <-synced:
 		if resync {
@@ -319,18 +352,7 @@ func TestWatchFilteredKeys(t *testing.T) {
 		t.Fatal("b.1 reported")
 	}
 	// Its own keys: a stalled watcher is still noticed.
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for info := range stream.ListConsumers(ctx).Info() {
-		if err := stream.DeleteConsumer(ctx, info.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := kv.PutString(ctx, "a.2", "while-stalled"); err != nil {
-		t.Fatal(err)
-	}
+	stall(t, bucketStream(t, js), kv, "a.2")
 	natstest.Eventually(t, 5*time.Second, "a.2's change seen after a re-sync", func() bool {
 		a, _ := v.get("a.2")
 		return a == "while-stalled" && w.Status().Resyncs >= 1
@@ -356,34 +378,18 @@ func TestWatchNoResyncLoopAfterNewestMessageExpired(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	ctx := context.Background()
-	_, js := srv.connect(t, 250*time.Millisecond)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: time.Second,
-		Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := createBucket(t, srv, time.Second)
 	if _, err := kv.PutString(ctx, "a", "1"); err != nil {
 		t.Fatal(err)
 	}
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stream := bucketStream(t, js)
 	natstest.Eventually(t, 10*time.Second, "a expired", func() bool {
 		info, err := stream.Info(ctx)
 		return err == nil && info.State.Msgs == 0 && info.State.LastSeq == 1
 	})
 	w := watch.ForKV(js, kv, watch.Config{})
 	v := &view{values: map[string]string{}}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(rctx, v.handle) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-w.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("watch not ready")
-	}
+	runReady(t, w, v.handle)
 	// Four quiet heartbeats: each would have been a re-sync. Showing that
 	// something does not happen takes a bounded wait.
 	time.Sleep(4 * time.Second)
@@ -392,14 +398,7 @@ func TestWatchNoResyncLoopAfterNewestMessageExpired(t *testing.T) {
 	}
 	// It still notices a stalled watcher: its consumer vanishes and the
 	// bucket moves on.
-	for info := range stream.ListConsumers(ctx).Info() {
-		if err := stream.DeleteConsumer(ctx, info.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := kv.PutString(ctx, "b", "while-stalled"); err != nil {
-		t.Fatal(err)
-	}
+	stall(t, stream, kv, "b")
 	// b itself may expire before the re-sync reads it (TTL 1 s): the
 	// re-sync is what shows the stall was noticed.
 	natstest.Eventually(t, 5*time.Second, "re-sync after the watcher's consumer vanished", func() bool {
@@ -411,21 +410,12 @@ func TestWatchNoResyncLoopAfterNewestMessageExpired(t *testing.T) {
 // handle, and waits for its first read.
 func startWatch(t *testing.T, srv *natsServer, cfg watch.Config, handle func(watch.Event)) *watch.Watch {
 	t.Helper()
-	ctx := context.Background()
 	_, js := srv.connect(t, 250*time.Millisecond)
-	w, err := watch.New(ctx, js, bucket, cfg)
+	w, err := watch.New(context.Background(), js, bucket, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(rctx, handle) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-w.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("watch not ready")
-	}
+	runReady(t, w, handle)
 	return w
 }
 
@@ -441,11 +431,7 @@ func TestWatchProbeToleratesInFlightDelivery(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	ctx := context.Background()
-	_, js := srv.connect(t, 250*time.Millisecond)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, kv := createBucket(t, srv, 0)
 	const beat = 100 * time.Millisecond
 	v := &view{values: map[string]string{}}
 	w := startWatch(t, srv, watch.Config{Heartbeat: beat}, func(e watch.Event) {
@@ -484,11 +470,7 @@ func TestWatchSteadyWriterNoResync(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	ctx := context.Background()
-	_, js := srv.connect(t, 250*time.Millisecond)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1, Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, kv := createBucket(t, srv, 0)
 	const beat = 50 * time.Millisecond
 	v := &view{values: map[string]string{}}
 	w := startWatch(t, srv, watch.Config{Heartbeat: beat}, v.handle)
