@@ -171,6 +171,9 @@ func TestRoutes(t *testing.T) {
 	for _, act := range []string{"drain", "undrain"} {
 		ok(act, "POST", "/api/v1/agents/default/agent-1/"+act, A, nil, 200, has(act+"ed"))
 		wantError(t, act+" missing", b.call(t, "POST", "/api/v1/agents/default/nope/"+act, A, nil), 404, ops.CodeNotFound)
+		// An id no agent can have: it went into the subject unchecked, and
+		// nats.go's "bad subject" came back as 503.
+		wantError(t, act+" invalid id", b.call(t, "POST", "/api/v1/agents/default/a%20b/"+act, A, nil), 404, ops.CodeNotFound)
 	}
 	wantError(t, "failover without a supervisor", b.call(t, "POST", "/api/v1/agents/default/agent-9/failover", A, nil), 503, ops.CodeUnavailable)
 	wantError(t, "failover invalid id", b.call(t, "POST", "/api/v1/agents/default/a%21b/failover", A, nil), 400, ops.CodeInvalid)

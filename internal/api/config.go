@@ -78,6 +78,11 @@ type Config struct {
 	// AnonymousScope is what a request without a token may do: "" (nothing:
 	// 401), read or admin. `warden dev` sets admin on its loopback API.
 	AnonymousScope Scope `yaml:"anonymous_scope"`
+	// AnonymousHosts are host names (besides IP addresses and localhost)
+	// under which requests without a token are served: a DNS name someone
+	// else controls could otherwise be rebound to this address and a
+	// browser's page use anonymous access. Defaults to none.
+	AnonymousHosts []string `yaml:"anonymous_hosts"`
 	// Dashboard serves the web dashboard at /. Defaults to true.
 	Dashboard *bool `yaml:"dashboard"`
 	// Micro registers the NATS micro service warden-api. Defaults to true.

@@ -79,7 +79,18 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request) error {
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return ops.Errorf(ops.CodeInvalid, "empty body: send a job spec (YAML or JSON)")
 	}
-	rc, err := s.ops.SubmitJob(r.Context(), body)
+	// The wait for the scheduler's confirmation ends when shutdown starts:
+	// the job is stored once the PubAck came, so it is answered 201,
+	// unconfirmed, within the shutdown's grace, not cut off.
+	sctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if s.closing != nil {
+		defer context.AfterFunc(s.closing, cancel)()
+	}
+	rc, err := s.ops.SubmitJob(sctx, body)
+	if err != nil && rc.Sequence > 0 && r.Context().Err() == nil && sctx.Err() != nil {
+		err, rc.Confirmed = nil, false
+	}
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,10 @@ type Server struct {
 	keys keyring
 	reg  prometheus.Gatherer
 	mux  *http.ServeMux
+	// handler is mux behind the cross-origin protection.
+	handler http.Handler
+	// closing ends when Run's shutdown starts: event streams stop then.
+	closing context.Context
 	// now is the clock, replaced in tests.
 	now func() time.Time
 }
@@ -68,11 +72,21 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ops.Errorf(ops.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
+	// A page on another site may send the browser's simple requests here
+	// (a POST with a text/plain body needs no preflight): refused, so that
+	// no web page can submit, cancel or drain through a developer's
+	// anonymous loopback API. Clients that are not browsers send neither
+	// Origin nor Sec-Fetch-Site and are not affected.
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, ops.Errorf(ops.CodeForbidden, "cross-origin %s refused: call the API from its own origin, or with a bearer token from a program", r.Method))
+	}))
+	s.handler = cop.Handler(s.mux)
 	return s, nil
 }
 
 // Handler is the server's whole HTTP surface.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Run listens on Config.Listen and serves until ctx ends; ready (may be
 // nil) receives the bound address.
@@ -81,12 +95,21 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 	if err != nil {
 		return err
 	}
+	// Requests run on a context that shutdown does not cancel: Shutdown
+	// lets them finish (a submission the server stored is answered 201,
+	// not turned into a 500 that a client retries into a second job).
+	// Event streams never finish by themselves; they end when shutdown
+	// starts (s.closing).
+	closing, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStreams()
+	s.closing = closing
 	srv := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
+	srv.RegisterOnShutdown(stopStreams)
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -147,6 +170,12 @@ func (s *Server) wrap(rt route) http.Handler {
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 			defer cancel()
 			r = r.WithContext(ctx)
+		} else if s.closing != nil {
+			ctx, cancel := context.WithCancel(r.Context())
+			defer cancel()
+			stop := context.AfterFunc(s.closing, cancel)
+			defer stop()
+			r = r.WithContext(ctx)
 		}
 		if err := rt.h(w, r); err != nil {
 			if c := ops.CodeOf(err); c == ops.CodeInternal || c == ops.CodeUnavailable {
@@ -175,11 +204,36 @@ func (s *Server) authorize(r *http.Request, need Scope) error {
 		have = t.Scope
 	} else if have == ScopeNone {
 		return ops.Errorf(ops.CodeUnauthenticated, "a bearer token is required")
+	} else if !s.anonymousHost(r.Host) {
+		// DNS rebinding: a page whose own name resolves to this address
+		// reads (and with admin, changes) what anonymous access allows,
+		// the browser sending the page's name as Host.
+		return ops.Errorf(ops.CodeForbidden, "anonymous access is served only under an IP address, localhost or anonymous_hosts, not %q: use a bearer token", r.Host)
 	}
 	if !have.allows(need) {
 		return ops.Errorf(ops.CodeForbidden, "this token's scope (%s) does not allow %s operations", orNone(have), need)
 	}
 	return nil
+}
+
+// anonymousHost reports whether a request without a token may be served
+// under host (the Host header): an IP address, localhost, or a name the
+// config lists. A name chosen by someone else's DNS is not.
+func (s *Server) anonymousHost(host string) bool {
+	h := host
+	if hh, _, err := net.SplitHostPort(host); err == nil {
+		h = hh
+	}
+	h = strings.TrimSuffix(strings.Trim(h, "[]"), ".")
+	if net.ParseIP(h) != nil || strings.EqualFold(h, "localhost") {
+		return true
+	}
+	for _, a := range s.cfg.AnonymousHosts {
+		if strings.EqualFold(a, h) {
+			return true
+		}
+	}
+	return false
 }
 
 func orNone(s Scope) string {

@@ -101,7 +101,9 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.kv.Delete(ctx, name, jetstream.LastRevision(rev)); err != nil {
+	if err := s.kv.Delete(ctx, name, jetstream.LastRevision(rev)); errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return fmt.Errorf("%s: %w", name, ErrChanged)
+	} else if err != nil {
 		return fmt.Errorf("delete cluster %s: %w", name, err)
 	}
 	_ = s.kv.Delete(ctx, protocol.ClusterStateKey(name))

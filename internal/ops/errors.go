@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/cluster"
 	"github.com/wardenhq/warden/internal/dlq"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
@@ -146,7 +147,8 @@ func CodeOf(err error) Code {
 		return CodeInvalid
 	case errors.Is(err, client.ErrRejected):
 		return CodeRejected
-	case errors.Is(err, dlq.ErrWrongState), errors.Is(err, client.ErrFinished), errors.Is(err, jobstore.ErrConflict), errors.Is(err, jobstore.ErrExists):
+	case errors.Is(err, dlq.ErrWrongState), errors.Is(err, client.ErrFinished), errors.Is(err, jobstore.ErrConflict), errors.Is(err, jobstore.ErrExists),
+		errors.Is(err, cluster.ErrChanged):
 		return CodeConflict
 	case errors.Is(err, client.ErrNotFound), errors.Is(err, jobstore.ErrNotFound), errors.Is(err, dlq.ErrNotFound),
 		errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrMsgNotFound), errors.Is(err, protocol.ErrNotFound):

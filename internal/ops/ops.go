@@ -147,6 +147,11 @@ func (o *Ops) FailoverAgent(ctx context.Context, pool, agent string) (string, er
 }
 
 func (o *Ops) agentRequest(ctx context.Context, pool, agent string, c protocol.Control) error {
+	if !protocol.ValidToken(pool) || !protocol.ValidToken(agent) {
+		// As Agent answers: no agent has such an id. Unchecked, the id went
+		// into the subject and nats.go's "bad subject" became 503.
+		return Errorf(CodeNotFound, "agent %q of pool %q: not found", agent, pool)
+	}
 	b, _ := json.Marshal(c)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/wardenhq/warden/internal/cluster"
 	"github.com/wardenhq/warden/internal/dlq"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -289,5 +290,14 @@ func TestMicroEndpointsAnswerOnlyOnAnInbox(t *testing.T) {
 	}
 	if _, _, err := st.Job(c, "victim"); !errors.Is(err, jobstore.ErrNotFound) {
 		t.Fatalf("job.victim: %v, want not found (an answer was written as a job record)", err)
+	}
+}
+
+// A cluster changed meanwhile (a concurrent update or delete) is a
+// conflict (409), not an internal error (500).
+func TestClusterChangedIsAConflict(t *testing.T) {
+	t.Parallel()
+	if c := ops.CodeOf(fmt.Errorf("web: %w", cluster.ErrChanged)); c != ops.CodeConflict {
+		t.Fatalf("CodeOf(ErrChanged) = %s, want %s", c, ops.CodeConflict)
 	}
 }
