@@ -67,6 +67,11 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"submit", "-f", "/does/not/exist.yaml"},
 		{"submit", "extra-arg"},
 		{"dev", "--bin-dir", "/does/not/exist"},
+		// A word a group command does not know: it printed the group's
+		// help and exited 0, as if it had run.
+		{"job", "follow", "job-x"},
+		{"dlq", "purg", "--yes"},
+		{"agent", "drian", "a1"},
 	}
 	for _, args := range cases {
 		r := warden(t, "", append(args, "--server", "nats://127.0.0.1:1")...)
@@ -307,6 +312,36 @@ func TestNotFoundErrorsExit3(t *testing.T) {
 	for _, err := range []error{jobstore.ErrNotFound, dlq.ErrNotFound, client.ErrNotFound} {
 		if got := exitCode(fmt.Errorf("wrapped: %w", err)); got != exitNotFound {
 			t.Errorf("%v exits %d, want %d", err, got, exitNotFound)
+		}
+	}
+}
+
+// The creds commands touch no server: their failures are the command as
+// called (2) or an identity not in the manifest (3), never "NATS
+// unavailable" (4). With --json the error's code agrees with the exit
+// code (it said "internal" beside exit 3).
+func TestOfflineErrorsHaveTheirOwnExitCodes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if r := warden(t, "", "creds", "init", "--dir", dir); r.code != exitOK {
+		t.Fatalf("creds init: %d %s", r.code, r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		json string
+	}{
+		{[]string{"creds", "revoke", "agent.default.nope", "--dir", dir}, exitNotFound, "not_found"},
+		{[]string{"creds", "rotate", "bogusrole", "--dir", dir}, exitUsage, "invalid_argument"},
+		{[]string{"creds", "agent", "--dir", dir}, exitUsage, "invalid_argument"},
+	} {
+		r := warden(t, "", append([]string{"--json"}, c.args...)...)
+		var e struct {
+			Code     string `json:"code"`
+			ExitCode int    `json:"exit_code"`
+		}
+		if err := json.Unmarshal([]byte(r.stderr), &e); r.code != c.code || err != nil || e.Code != c.json || e.ExitCode != c.code {
+			t.Errorf("warden %v: exit %d, stderr %s; want exit %d, code %s", c.args, r.code, r.stderr, c.code, c.json)
 		}
 	}
 }

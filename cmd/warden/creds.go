@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -36,7 +37,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			c.Agents, c.Routes, c.Hosts = splitList(agents), splitList(routes), splitList(hosts)
 			m, err := creds.Generate(c)
 			if err != nil {
-				return err
+				return credsError(err)
 			}
 			fmt.Fprintf(a.stdout, "operator %s, account %s (task_shards %d, tls %v)\n", m.Operator, m.Account, m.TaskShards, m.TLS)
 			for _, id := range m.Identities() {
@@ -67,7 +68,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			}
 			path, err := creds.MintAgent(dir, pool, name, rotate)
 			if err != nil {
-				return err
+				return credsError(err)
 			}
 			fmt.Fprintln(a.stdout, path)
 			if rotate {
@@ -86,7 +87,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			path, err := creds.Rotate(dir, args[0])
 			if err != nil {
-				return err
+				return credsError(err)
 			}
 			fmt.Fprintln(a.stdout, path)
 			fmt.Fprintln(a.stderr, "the old credential is revoked in server/auth.conf: reload the servers, then restart the processes using it")
@@ -97,7 +98,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 		Use: "revoke IDENTITY", Short: "Revoke an identity's credential (e.g. agent.<pool>.<id>)", Args: exactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			if err := creds.Revoke(dir, args[0]); err != nil {
-				return err
+				return credsError(err)
 			}
 			fmt.Fprintln(a.stderr, "revoked in server/auth.conf: reload the servers (nats-server --signal reload)")
 			return nil
@@ -167,4 +168,16 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// credsError classifies a failure of the offline creds commands: they
+// touch no server, so nothing of theirs is "NATS unavailable" (exit 4). An
+// identity the manifest does not list is not found (3); anything else is
+// the command as called (2): a missing or bad argument, a directory that
+// is not one `creds init` made.
+func credsError(err error) error {
+	if errors.Is(err, creds.ErrUnknownIdentity) {
+		return &exitError{code: exitNotFound, err: err}
+	}
+	return &exitError{code: exitUsage, err: err}
 }

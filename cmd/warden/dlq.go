@@ -25,6 +25,9 @@ func (a *app) dlqCommand() *cobra.Command {
 					return err
 				}
 				if a.json {
+					if letters == nil {
+						letters = []dlq.Letter{} // [], as the HTTP API answers, not null
+					}
 					return writeJSON(a.stdout, letters)
 				}
 				t := newTable(a.stdout, "ID", "JOB", "STEP", "EPOCH", "REASON", "DELIVERIES", "AGE", "DETAIL")

@@ -58,7 +58,29 @@ denied (the credential's role may not do this: docs/security.md).`,
 		a.clusterCommand(), a.failoversCommand(), a.apiCommand())
 	root.AddCommand(a.scheduleCommand())
 	root.AddCommand(a.credsCommand(), a.setupCommand())
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every command that only groups others
+// (job, dlq, agent, ...) refuse a word it does not know: cobra rejects
+// unknown words only at the root, so `warden job folow j1` printed the
+// help and exited 0, as if it had run. Without arguments the help is
+// still printed.
+func refuseUnknownSubcommands(root *cobra.Command) {
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+		if !c.HasSubCommands() || c.Run != nil || c.RunE != nil {
+			continue
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			return usageError("unknown command %q for %q (see %s --help)", args[0], cmd.CommandPath(), cmd.CommandPath())
+		}
+	}
 }
 
 // connect opens a client with the global flags.

@@ -43,6 +43,12 @@ func (a *app) report(err error, code int) {
 		if errors.Is(err, errUsage) {
 			c = ops.CodeInvalid
 		}
+		if c.ExitCode() != code {
+			// A command chose the exit code (an exitError): the code says
+			// the same, or a script branching on it reads "internal" for a
+			// schedule that does not exist (exit 3).
+			c = codeForExit(code, c)
+		}
 		_ = writeJSON(a.stderr, struct {
 			Error    string   `json:"error"`
 			Code     ops.Code `json:"code,omitempty"`
@@ -55,4 +61,23 @@ func (a *app) report(err error, code int) {
 	if code == exitUsage && errors.Is(err, errUsage) {
 		fmt.Fprintln(a.stderr, "Run 'warden --help' for usage.")
 	}
+}
+
+// codeForExit is the error code a command's chosen exit code stands for
+// (c when none does).
+func codeForExit(code int, c ops.Code) ops.Code {
+	switch code {
+	case exitUsage:
+		return ops.CodeInvalid
+	case exitNotFound:
+		return ops.CodeNotFound
+	case exitPermission:
+		return ops.CodeForbidden
+	case exitUnavailable:
+		if c == ops.CodeTimeout || c == ops.CodeInternal {
+			return c
+		}
+		return ops.CodeUnavailable
+	}
+	return c
 }

@@ -8,12 +8,12 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
 
 func (a *app) scheduleCommand() *cobra.Command {
@@ -125,14 +125,16 @@ shorter of 1m and the interval).`,
 	return cmd
 }
 
-// withSchedules connects and opens the schedules stream, creating it if
-// this deployment has never had one.
+// withSchedules connects and opens the schedules stream. It never creates
+// or updates it: `warden setup` and the schedulers do, with the
+// deployment's replicas (the CLI's idea of the definition, one replica,
+// rewrote a replicated stream, or was refused to admin and readonly).
 func (a *app) withSchedules(ctx context.Context, f func(context.Context, *schedule.Store) error) error {
 	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
-		if err := streams.EnsureWorkflow(ctx, c.JetStream(), streams.Options{}); err != nil {
-			return &exitError{code: exitUnavailable, err: err}
-		}
 		st, err := schedule.NewStore(ctx, c.JetStream())
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return &exitError{code: exitUnavailable, err: fmt.Errorf("%w (a scheduler or `warden setup` creates it)", err)}
+		}
 		if err != nil {
 			return &exitError{code: exitUnavailable, err: err}
 		}

@@ -1,14 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/wardenhq/warden/streams"
 )
 
 func TestScheduleAddLsRm(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	// A scheduler (or `warden setup`) creates the schedules stream; the CLI
+	// never writes stream definitions.
+	if err := streams.EnsureWorkflow(context.Background(), e.js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
 	spec := "name: report\nsteps: [{id: a, action: echo}]\n"
 	r := warden(t, spec, "schedule", "add", "nightly", "--cron", "0 3 * * *", "--server", e.url)
 	if r.code != exitOK || !strings.Contains(r.stdout, "schedule nightly added; next tick") {
@@ -41,5 +49,38 @@ func TestScheduleAddLsRm(t *testing.T) {
 	}
 	if r := warden(t, "", "schedule", "rm", "nightly", "--server", e.url); r.code != exitNotFound {
 		t.Fatalf("rm again: exit %d, want %d", r.code, exitNotFound)
+	}
+}
+
+// The CLI never writes stream definitions: its one-replica idea of
+// WARDEN_SCHEDULES rewrote a deployment's replicated stream (or, with the
+// admin and readonly credentials, was refused and every schedule command
+// failed). A definition it does not recognise is left alone.
+func TestScheduleCommandsLeaveTheStreamAlone(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, e.js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.js.Stream(ctx, streams.StreamSchedules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Metadata[streams.MetadataConfigHash] = "set-up-elsewhere"
+	cfg.Description = "as the operator's setup left it"
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r := warden(t, "", "schedule", "ls", "--server", e.url); r.code != exitOK {
+		t.Fatalf("schedule ls: exit %d %s", r.code, r.stderr)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Description != "as the operator's setup left it" || info.Config.Metadata[streams.MetadataConfigHash] != "set-up-elsewhere" {
+		t.Fatalf("schedule ls rewrote %s: %q %v", streams.StreamSchedules, info.Config.Description, info.Config.Metadata)
 	}
 }

@@ -231,6 +231,9 @@ func MintAgent(dir, pool, id string, rotate bool) (string, error) {
 // Rotate replaces a fixed role's credential with a new key and revokes the
 // old one (auth.conf is rewritten: reload the servers, then restart the
 // processes that use the role).
+// ErrUnknownIdentity: the manifest lists no credential of that name.
+var ErrUnknownIdentity = errors.New("unknown identity")
+
 func Rotate(dir, role string) (string, error) {
 	m, err := loadManifest(dir)
 	if err != nil {
@@ -263,7 +266,7 @@ func Revoke(dir, identity string) error {
 	}
 	pub, ok := m.Users[identity]
 	if !ok {
-		return fmt.Errorf("no credential issued to %q", identity)
+		return fmt.Errorf("%w: no credential issued to %q", ErrUnknownIdentity, identity)
 	}
 	m.Revoked[pub] = time.Now().Unix()
 	delete(m.Users, identity)
