@@ -11,6 +11,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/internal/natsconn"
 )
 
 // EnvName is the environment variable that sets a flag: NATS_URL and
@@ -87,7 +88,7 @@ func (p Process[C]) resolveConfig(args []string, out, usage io.Writer, env func(
 			shown = r.Redacted()
 		}
 		if cm := p.Common(&shown); cm.NATS != nil {
-			cm.NATS.URL = cm.NATS.RedactedURL()
+			cm.NATS.URL = natsconn.Redact(cm.NATS.URL)
 		}
 		enc := yaml.NewEncoder(out)
 		enc.SetIndent(2)

@@ -32,26 +32,6 @@ type Options struct {
 	Name string `yaml:"-"`
 }
 
-// RedactedURL is URL with every password (and a token standing alone as
-// the user) replaced, for printing: nats://user:pass@host is a legal URL
-// even if docs/security.md says to keep secrets out of them.
-func (o Options) RedactedURL() string {
-	parts := strings.Split(o.URL, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
-		if _, ok := u.User.Password(); ok {
-			parts[i] = u.Redacted()
-		} else {
-			u.User = url.User("xxxxx")
-			parts[i] = u.String()
-		}
-	}
-	return strings.Join(parts, ",")
-}
-
 // WithEnv fills empty fields from NATS_URL and NATS_CREDS, then defaults.
 func (o Options) WithEnv() Options {
 	if o.URL == "" {
@@ -72,6 +52,13 @@ func (o Options) WithEnv() Options {
 	return o
 }
 
+// PingInterval and MaxPingsOut bound how long a connection to a server
+// that stopped answering lives: about PingInterval × (MaxPingsOut + 1).
+const (
+	PingInterval = 5 * time.Second
+	MaxPingsOut  = 3
+)
+
 // Connect opens a connection and a JetStream context.
 func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	o = o.WithEnv()
@@ -87,6 +74,12 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 		nats.Name(o.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		// A server that vanished without a TCP reset (its host died, a
+		// partition) is noticed in seconds, not nats.go's default of two
+		// pings two minutes apart: until then the process sits on a dead
+		// connection while its presence expires and its work is moved.
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -121,8 +114,16 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 func Redact(raw string) string {
 	parts := strings.Split(raw, ",")
 	for i, p := range parts {
-		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, ok := u.User.Password(); ok {
 			parts[i] = u.Redacted()
+		} else {
+			// nats://<token>@host: the user name is the secret.
+			u.User = url.User("xxxxx")
+			parts[i] = u.String()
 		}
 	}
 	return strings.Join(parts, ",")
