@@ -31,6 +31,13 @@ type lease struct {
 	who string // presence key of this member
 	now func() time.Time
 
+	// bucketTTL is warden_leases' own TTL (the supervisor's lease_ttl):
+	// the server removes every key that old whatever its per-message TTL,
+	// so a longer lease_duration would vanish while held and a standby
+	// would take it beside a leader that still believes it leads. Zero:
+	// no bucket limit. The lease's TTL is never above it.
+	bucketTTL time.Duration
+
 	mu      sync.Mutex
 	ttl     time.Duration
 	heldTTL time.Duration // the TTL the current hold was written with
@@ -75,6 +82,9 @@ func (l *lease) renewEvery() time.Duration {
 }
 
 func (l *lease) setTTL(d time.Duration) {
+	if l.bucketTTL > 0 && d > l.bucketTTL {
+		d = l.bucketTTL
+	}
 	l.mu.Lock()
 	l.ttl = d
 	l.mu.Unlock()

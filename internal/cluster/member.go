@@ -145,10 +145,16 @@ func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketLeases, err)
 	}
+	status, err := leases.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", protocol.BucketLeases, err)
+	}
 	key := protocol.PresenceKey(cfg.Pool, cfg.ID)
+	l := &lease{js: js, kv: leases, key: protocol.ClusterLeaseKey(cfg.Cluster), who: key, now: cfg.Now, bucketTTL: status.TTL()}
+	l.setTTL(DefaultLeaseDuration)
 	m := &Member{
 		cfg: cfg, js: js, store: st, leases: leases, key: key,
-		lease: &lease{js: js, kv: leases, key: protocol.ClusterLeaseKey(cfg.Cluster), who: key, now: cfg.Now, ttl: DefaultLeaseDuration},
+		lease: l,
 		log:   cfg.Logger.With().Str("cluster", cfg.Cluster).Logger(),
 		wake:  make(chan struct{}, 1), reports: map[string]seen{}, requests: map[string]protocol.ClusterRequest{},
 		ready: make(chan struct{}), stopped: make(chan struct{}),

@@ -57,6 +57,10 @@ func (m *Member) apply(e watch.Event) {
 		}
 		m.def = &d
 		m.lease.setTTL(d.Election.LeaseDuration.Std())
+		if got := m.lease.getTTL(); got < d.Election.LeaseDuration.Std() {
+			m.log.Warn().Stringer("lease_duration", d.Election.LeaseDuration).Stringer("used", got).
+				Msg("lease_duration is above the leases bucket's TTL (the supervisor's lease_ttl): using the bucket's")
+		}
 	case rest == "state":
 		if !put {
 			m.state, m.stateRev = protocol.ClusterState{}, 0

@@ -378,3 +378,38 @@ func mustOwn(t *testing.T, st protocol.ClusterState, key string) string {
 	}
 	return m.Targets[0]
 }
+
+// A lease_duration longer than the leases bucket's TTL (the supervisor's
+// lease_ttl, 5 s here): the server removes a key that old whatever its own
+// TTL, so the held lease vanished between renewals, a standby took it, and
+// the old leader still counted itself leader: two leaders. The lease is
+// capped at the bucket's TTL.
+func TestLeaseLongerThanTheBucketsTTLHasOneLeader(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := protocol.ClusterDefinition{Name: "ll", Mode: protocol.ModeActivePassive}
+	d.Membership.FailureThreshold = protocol.Duration(time.Second)
+	d.Election.LeaseDuration = protocol.Duration(30 * time.Second)
+	d.StateSync.Interval = protocol.Duration(300 * time.Millisecond)
+	if _, err := b.store.Create(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	ag := []*agent{b.start(t, "ll", "a"), b.start(t, "ll", "b")}
+	leader := b.leaderOf(t, ag...)
+	epoch := leader.m.View().Epoch
+	// Past the bucket's 5 s: under the old code the key was gone by then.
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		n := 0
+		for _, a := range ag {
+			if a.m.View().IsLeader {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Fatalf("two members count themselves leader (lease_duration 30s over a 5s bucket TTL)")
+		}
+		if v := leader.m.View(); !v.IsLeader || v.Epoch != epoch {
+			t.Fatalf("the leader lost its lease: leader=%v epoch %d -> %d", v.IsLeader, epoch, v.Epoch)
+		}
+	}
+}
