@@ -2,6 +2,8 @@ package streams_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,3 +58,50 @@ func TestSubjectsAreStoredUnderTheJobsPartition(t *testing.T) {
 }
 
 func itoa(i int) string { return string(rune('0' + i)) }
+
+// Lowering partitions (the documented change: stop everything, delete the
+// deployment record, start with the new count) left submissions queued on
+// the partitions that went unread for good: accepted jobs that never end.
+// Ensure refuses it while any wait there, and allows it once none does.
+func TestLoweringPartitionsRefusesToStrandMessages(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{Partitions: 16}); err != nil {
+		t.Fatal(err)
+	}
+	job := ""
+	for i := 0; job == ""; i++ {
+		if id := "job-" + strconv.Itoa(i); protocol.Partition(id, 16) >= 8 {
+			job = id
+		}
+	}
+	if _, err := js.Publish(ctx, protocol.SubmitSubject(job), []byte(`{"name":"x","steps":[{"id":"a","action":"echo"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	lower := func() error {
+		kv, err := js.KeyValue(ctx, protocol.BucketDeployment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, protocol.KeyDeployment); err != nil {
+			t.Fatal(err)
+		}
+		return streams.Ensure(ctx, js, streams.Options{Partitions: 8})
+	}
+	err := lower()
+	if err == nil || !strings.Contains(err.Error(), "strand 1 messages") {
+		t.Fatalf("lowering partitions over a queued submission: %v, want a refusal naming it", err)
+	}
+	s, _ := js.Stream(ctx, protocol.StreamSubmit)
+	if m, err := s.GetLastMsgForSubject(ctx, protocol.SubjectSubmit+".*."+job); err != nil {
+		t.Fatalf("the queued submission: %v", err)
+	} else if err := s.DeleteMsg(ctx, m.Sequence); err != nil { // as a scheduler with 16 partitions would take it
+		t.Fatal(err)
+	}
+	if err := lower(); err != nil {
+		t.Fatalf("lowering partitions over empty queues: %v", err)
+	}
+}

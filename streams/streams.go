@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -282,10 +285,68 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, c jetstream.Strea
 		return nil
 	}
 	c.Metadata = withHash(c.Metadata, h)
+	if err := refuseStranding(ctx, js, c); err != nil {
+		return err
+	}
 	if err := createOrUpdateStream(ctx, js, c); err != nil {
 		return setupError(c.Name, err)
 	}
 	return nil
+}
+
+// partitionsRE reads the partition count of a submit or results stream's
+// subject transform (protocol.SubmitTransform, ResultTransform).
+var partitionsRE = regexp.MustCompile(`\{\{partition\((\d+),`)
+
+// refuseStranding refuses to lower a stream's partitions while messages
+// wait on the partitions that would go: the new schedulers' consumers
+// filter on partitions below the new count, so a submission or result
+// stored under a higher one would never be read, an accepted job that
+// never ends. Run with the old count until those queues drain, then
+// change it.
+func refuseStranding(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
+	if c.SubjectTransform == nil {
+		return nil
+	}
+	st, err := js.Stream(ctx, c.Name)
+	if err != nil {
+		return nil // a new stream strands nothing
+	}
+	old := st.CachedInfo().Config.SubjectTransform
+	if old == nil {
+		return nil
+	}
+	oldN, okOld := partitionsOf(old.Destination)
+	newN, okNew := partitionsOf(c.SubjectTransform.Destination)
+	if !okOld || !okNew || newN >= oldN {
+		return nil
+	}
+	prefix := strings.SplitN(c.SubjectTransform.Source, ".*", 2)[0] // warden.submit, warden.result
+	var waiting uint64
+	for p := newN; p < oldN; p++ {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("%s.%d.>", prefix, p)))
+		if err != nil {
+			return setupError(c.Name, fmt.Errorf("count messages on partition %d: %w", p, err))
+		}
+		for _, n := range info.State.Subjects {
+			waiting += n
+		}
+	}
+	if waiting == 0 {
+		return nil
+	}
+	return setupError(c.Name, fmt.Errorf("lowering partitions from %d to %d would strand %d messages waiting on partitions %d-%d, "+
+		"which no scheduler would read again: run every scheduler and supervisor with partitions %d until %s holds none of them, then change it",
+		oldN, newN, waiting, newN, oldN-1, oldN, c.Name))
+}
+
+func partitionsOf(dest string) (int, bool) {
+	m := partitionsRE.FindStringSubmatch(dest)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(m[1])
+	return n, err == nil
 }
 
 func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, c jetstream.StreamConfig) error {
