@@ -41,11 +41,22 @@ type sseEvent struct {
 // streamTypes are the event types of the stream.
 var streamTypes = []string{"job", "step", "agent", "event"}
 
+// sseWriteTimeout bounds one write of the event stream: a client that
+// stopped reading (but keeps its connection) is dropped then, with the
+// consumers and watch its stream holds. A variable for tests.
+var sseWriteTimeout = 30 * time.Second
+
+// maxStreams bounds the event streams served at once: each holds up to
+// three consumers and a presence watch on the server.
+const maxStreams = 256
+
 func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
-	fl, ok := w.(http.Flusher)
-	if !ok {
-		return fmt.Errorf("streaming unsupported by this connection")
+	if n := s.streams.Add(1); n > maxStreams {
+		s.streams.Add(-1)
+		return ops.Errorf(ops.CodeUnavailable, "%d event streams are open, the most this API serves: try again later", maxStreams)
 	}
+	defer s.streams.Add(-1)
+	rc := http.NewResponseController(w)
 	want := map[string]bool{}
 	if v := r.URL.Query().Get("types"); v != "" {
 		for _, t := range strings.Split(v, ",") {
@@ -100,9 +111,19 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
+	// write sends one message within sseWriteTimeout; false: the client
+	// is gone or stalled, and the stream ends (its feeds with it).
+	write := func(format string, args ...any) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout))
+		if _, err := fmt.Fprintf(w, format, args...); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
 	w.WriteHeader(http.StatusOK)
-	fmt.Fprintf(w, "retry: 2000\n: warden events %v\n\n", keys(want))
-	fl.Flush()
+	if !write("retry: 2000\n: warden events %v\n\n", keys(want)) {
+		return nil
+	}
 	keepalive := time.NewTicker(15 * time.Second)
 	defer keepalive.Stop()
 	for {
@@ -115,18 +136,22 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 			s.log.Warn().Err(err).Msg("event stream feed ended")
 			return nil
 		case <-keepalive.C:
-			fmt.Fprint(w, ": keepalive\n\n")
-			fl.Flush()
+			if !write(": keepalive\n\n") {
+				return nil
+			}
 		case ev := <-ch:
 			b, err := json.Marshal(ev.Data)
 			if err != nil {
 				continue
 			}
+			id := ""
 			if ev.ID != "" {
-				fmt.Fprintf(w, "id: %s\n", ev.ID)
+				id = "id: " + ev.ID + "\n"
 			}
-			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, b)
-			fl.Flush()
+			if !write("%sevent: %s\ndata: %s\n\n", id, ev.Type, b) {
+				s.log.Info().Msg("event stream client stopped reading: stream ended")
+				return nil
+			}
 		}
 	}
 }

@@ -3,7 +3,10 @@ package api_test
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +14,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/api"
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 type sse struct {
@@ -165,4 +172,48 @@ func TestEventStream(t *testing.T) {
 	natstest.Eventually(t, 10*time.Second, "the job written after the marker", func() bool {
 		return take(func(e sse) bool { return e.typ == "job" && strings.Contains(e.data, `"id":"after"`) })
 	})
+}
+
+// A client that stops reading its event stream but keeps the connection
+// held the handler, its consumers and a presence watch forever (no write
+// deadline). A write that cannot finish within the timeout ends the
+// stream.
+func TestEventStreamDropsAClientThatStoppedReading(t *testing.T) {
+	defer api.SetSSEWriteTimeout(300 * time.Millisecond)()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	st, err := jobstore.Open(ctx(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := api.New(api.Config{AnonymousScope: api.ScopeRead}, nc, ops.New(nc, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	defer hs.Close()
+	conn, err := net.Dial("tcp", hs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "GET /api/v1/events?types=event HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "the stream is open", func() bool { return s.OpenStreams() == 1 })
+	// More than any socket buffer holds, then no reading at all.
+	pad := strings.Repeat("x", 1024)
+	for i := range 30000 {
+		b, _ := json.Marshal(protocol.Event{Kind: protocol.EventHealing, ID: fmt.Sprintf("h%d", i), Reason: pad})
+		if _, err := js.PublishAsync(protocol.EventSubject(protocol.EventHealing, fmt.Sprintf("h%d", i)), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("events not stored")
+	}
+	natstest.Eventually(t, 20*time.Second, "the stalled client's stream ends", func() bool { return s.OpenStreams() == 0 })
 }

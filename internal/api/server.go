@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,6 +31,8 @@ type Server struct {
 	handler http.Handler
 	// closing ends when Run's shutdown starts: event streams stop then.
 	closing context.Context
+	// streams counts the event streams being served (maxStreams).
+	streams atomic.Int64
 	// now is the clock, replaced in tests.
 	now func() time.Time
 }

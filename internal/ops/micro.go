@@ -159,12 +159,16 @@ func endpoints() []endpoint {
 	}
 }
 
+// defaultLimit is a list request's limit: 100 when unset, at most 10000
+// (the HTTP API's bound; each dead letter listed is a read of the stream).
 func defaultLimit(n int) int {
 	if n <= 0 {
 		return 100
 	}
-	return n
+	return min(n, maxLimit)
 }
+
+const maxLimit = 10000
 
 func letterID(s string) (uint64, error) {
 	id, err := strconv.ParseUint(s, 10, 64)
