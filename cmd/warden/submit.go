@@ -94,7 +94,7 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 		progress = a.stderr
 	}
 	p := newProgress(progress)
-	job, err := c.Follow(wctx, receipt.JobID, p.update)
+	job, err := c.FollowSubmission(wctx, receipt, p.update)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -146,4 +149,77 @@ func (f *follower) ordered() []*Step {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// rejectionPoll is how often FollowSubmission looks for the scheduler's
+// rejection of the submission while its job has no record.
+const rejectionPoll = time.Second
+
+// FollowSubmission is Follow for the job of a submission just made (r, from
+// Submit). While the job has no record it also looks for the scheduler's
+// rejection of this very submission (a submission_rejected event naming
+// r's stream sequence) and returns it as a *RejectedError. A caller whose
+// wait for the scheduler's reply ran out (no scheduler was up) would
+// otherwise follow, forever, a job the scheduler later refused. A caller
+// that may not read WARDEN_EVENTS follows as Follow does.
+func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(Update)) (*Job, error) {
+	if r.Sequence == 0 || !r.StartsAt.IsZero() {
+		// No stream sequence to match, or a delayed submission (released
+		// later as another message): Follow alone.
+		return c.Follow(ctx, r.JobID, onUpdate)
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var seen atomic.Bool // the job has a record: no rejection to look for
+	type result struct {
+		job *Job
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		job, err := c.Follow(fctx, r.JobID, func(u Update) {
+			if u.Job != nil {
+				seen.Store(true)
+			}
+			if onUpdate != nil {
+				onUpdate(u)
+			}
+		})
+		done <- result{job, err}
+	}()
+	tick := time.NewTicker(rejectionPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case res := <-done:
+			return res.job, res.err
+		case <-tick.C:
+			if seen.Load() {
+				continue
+			}
+			if rej := c.rejectionOf(fctx, r); rej != nil {
+				cancel()
+				<-done
+				return nil, rej
+			}
+		}
+	}
+}
+
+// rejectionOf returns the scheduler's rejection of submission r, if there
+// is one it can read.
+func (c *Client) rejectionOf(ctx context.Context, r Receipt) *RejectedError {
+	s, err := c.js.Stream(ctx, protocol.StreamEvents)
+	if err != nil {
+		return nil
+	}
+	m, err := s.GetLastMsgForSubject(ctx, protocol.EventSubject(protocol.EventSubmissionRejected, r.JobID))
+	if err != nil {
+		return nil
+	}
+	var e protocol.Event
+	if json.Unmarshal(m.Data, &e) != nil || e.Data["stream_seq"] != strconv.FormatUint(r.Sequence, 10) {
+		return nil
+	}
+	return &RejectedError{JobID: r.JobID, Reason: e.Reason}
 }

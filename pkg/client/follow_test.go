@@ -1,7 +1,11 @@
 package client_test
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,5 +212,40 @@ func TestJobShowAndNotFound(t *testing.T) {
 		if _, err := b.client.Job(ctx(t), id); !errors.Is(err, client.ErrNotFound) {
 			t.Fatalf("Job(%q) = %v, want ErrNotFound", id, err)
 		}
+	}
+}
+
+// A submission whose reply wait ran out (no scheduler up) and that the
+// scheduler later rejected has no job record, ever: following it waited
+// forever (`warden submit --wait` hung). FollowSubmission returns the
+// rejection of this very submission; another submission's rejection of
+// the same id does not stop it.
+func TestFollowSubmissionReturnsItsRejection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := b.client.Submit(ctx(t), []byte(diamond), client.SubmitOptions{})
+	if err != nil || r.Confirmed || r.Sequence == 0 {
+		t.Fatalf("submit with no scheduler: %+v %v", r, err)
+	}
+	reject := func(seq uint64) {
+		t.Helper()
+		e := protocol.Event{Kind: protocol.EventSubmissionRejected, ID: r.JobID, JobID: r.JobID, Reason: "too_large: spec is over the limit",
+			Data: map[string]string{"reason": "too_large", "stream_seq": strconv.FormatUint(seq, 10)}}
+		body, _ := json.Marshal(e)
+		if _, err := b.js.Publish(ctx(t), protocol.EventSubject(e.Kind, e.ID), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reject(r.Sequence + 1000) // an earlier submission's, say
+	short, cancel := context.WithTimeout(ctx(t), 2500*time.Millisecond)
+	defer cancel()
+	if _, err := b.client.FollowSubmission(short, r, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("follow with another submission's rejection: %v, want to keep waiting", err)
+	}
+	reject(r.Sequence)
+	_, err = b.client.FollowSubmission(ctx(t), r, nil)
+	var rej *client.RejectedError
+	if !errors.As(err, &rej) || !strings.Contains(rej.Reason, "too_large") {
+		t.Fatalf("follow after its rejection: %v, want a RejectedError", err)
 	}
 }
