@@ -101,6 +101,14 @@ func StreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 		}
 		out = append(out, anchored(c))
 	}
+	// Delayed submissions: a work queue, but no anchor (it is not on the
+	// data path's hot loop, and only schedulers write it).
+	var delay jetstream.StreamConfig
+	if err := decode("delay.json", &delay); err != nil {
+		return nil, err
+	}
+	delay.Replicas = opts.Replicas
+	out = append(out, delay)
 	var adv jetstream.StreamConfig
 	if err := decode("advisories.json", &adv); err != nil {
 		return nil, err
@@ -253,6 +261,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	}
 	streams, err := StreamConfigs(opts)
 	if err != nil {
+		return err
+	}
+	if err := migrateSubmit(ctx, js, streams); err != nil {
 		return err
 	}
 	for _, c := range streams {

@@ -106,9 +106,10 @@ func Roles(taskShards int) []Role {
 	if taskShards <= 0 {
 		taskShards = 4
 	}
-	// Submissions, now or delayed (warden.delay.<job>, released onto
-	// warden.submit.<job> by the server's message schedule).
-	submit := []string{protocol.SubjectSubmit, protocol.SubmitSubject("*"), protocol.DelaySubject("*")}
+	// Submissions, on warden.submit or warden.submit.<job> only: delayed
+	// ones too (the scheduler holds them in WARDEN_DELAY, a stream that
+	// must allow roll-ups and so is written only by schedulers).
+	submit := []string{protocol.SubjectSubmit, protocol.SubmitSubject("*")}
 	base := []string{"$JS.API.INFO"}
 
 	// Reading the deployment: jobs, presence, health, events, dead letters.
@@ -116,8 +117,8 @@ func Roles(taskShards int) []Role {
 		readKV(protocol.BucketHealth), readKV(protocol.BucketClusters), readStream(protocol.StreamEvents), readStream(protocol.StreamDLQ),
 		readStream(streams.StreamSchedules),
 		// A duplicate submission is checked against the one it repeats
-		// (pkg/client: still queued, a job, or rejected).
-		[]string{msgGet(protocol.StreamSubmit)},
+		// (pkg/client: still queued, delayed, a job, or rejected).
+		[]string{msgGet(protocol.StreamSubmit), msgGet(protocol.StreamDelay)},
 		// Overviews: stream names, depths, consumers of the task streams.
 		[]string{"$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST", "$JS.API.STREAM.INFO.*"})
 	for _, t := range taskStreams(taskShards) {
@@ -169,6 +170,8 @@ func Roles(taskShards int) []Role {
 		writeKV(streams.BucketConcurrency), writeKV(streams.BucketRateLimits),
 		readStream(streams.StreamSchedules),
 		[]string{protocol.SubjectSchedulePrefix + ".timer.*", protocol.SubmitSubject("*"), protocol.SubjectControlGateFreed},
+		// Delayed submissions: held in WARDEN_DELAY, released ones relayed.
+		[]string{protocol.DelaySubject("*")}, consumers(protocol.StreamDelay),
 	)
 	for _, r := range submitters {
 		sched = append(sched, inbox(r))

@@ -14,11 +14,12 @@ import (
 
 // PublishDelayed publishes a submission of job (msg, addressed to
 // warden.submit.<job>, with its headers and spec) so that it reaches the
-// scheduler at `at` and not before: it goes to warden.delay.<job> as a
-// one-shot JetStream message schedule that the server releases onto
-// warden.submit.<job> at that time. The PubAck is the durable acceptance,
-// as for an immediate submission; Nats-Msg-Id still deduplicates. A time
-// already past publishes msg at once.
+// scheduler at `at` and not before: it goes to warden.delay.<job> in
+// WARDEN_DELAY as a one-shot JetStream message schedule that the server
+// releases onto warden.delayed.<job> at that time, and a delay relay
+// (DelayRelay) submits it again on warden.submit.<job>. Nats-Msg-Id still
+// deduplicates. A time already past publishes msg at once. Only schedulers
+// may publish here (docs/security.md).
 func PublishDelayed(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, at time.Time) (*jetstream.PubAck, error) {
 	job, ok := strings.CutPrefix(msg.Subject, protocol.SubjectSubmit+".")
 	if !ok || !protocol.ValidToken(job) {
@@ -33,7 +34,7 @@ func PublishDelayed(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, 
 		d.Header[k] = v
 	}
 	d.Header.Set(protocol.HeaderNatsSchedule, "@at "+at.UTC().Format(time.RFC3339Nano))
-	d.Header.Set(protocol.HeaderNatsScheduleTarget, msg.Subject)
+	d.Header.Set(protocol.HeaderNatsScheduleTarget, protocol.DelayedSubject(job))
 	return js.PublishMsg(ctx, d)
 }
 
@@ -41,5 +42,5 @@ func PublishDelayed(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, 
 // schedule (a delayed submission or a schedule's tick) rather than
 // published directly: the scheduler must not delay it again.
 func Released(h nats.Header) bool {
-	return h.Get(protocol.HeaderNatsScheduler) != "" || h.Get(protocol.HeaderScheduleTick) != ""
+	return h.Get(protocol.HeaderNatsScheduler) != "" || h.Get(protocol.HeaderScheduleTick) != "" || h.Get(protocol.HeaderReleased) != ""
 }

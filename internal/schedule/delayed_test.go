@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/schedule"
@@ -15,14 +16,24 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-// TestDelayedSubmissionReleasedOnTime: a submission delayed by 2 s reaches
-// warden.submit.<job> (its partition) no earlier than 2 s after it was
-// accepted, with its headers and body intact, and the held copy is gone.
+// TestDelayedSubmissionReleasedOnTime: a submission delayed by 2 s (held
+// in WARDEN_DELAY, released by the server, submitted again by the delay
+// relay) reaches warden.submit.<job> (its partition) no earlier than 2 s
+// after it was accepted, with its headers and body intact, and the held
+// copy is gone.
 func TestDelayedSubmissionReleasedOnTime(t *testing.T) {
 	t.Parallel()
 	_, _, js := natstest.Start(t, streams.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	relayed := make(chan error, 1)
+	go func() { relayed <- schedule.RunDelayRelay(ctx, js, zerolog.Nop()) }()
+	defer func() {
+		cancel()
+		if err := <-relayed; err != nil {
+			t.Errorf("delay relay: %v", err)
+		}
+	}()
 	cons, err := js.CreateConsumer(ctx, protocol.StreamSubmit, jetstream.ConsumerConfig{
 		Durable: "test", FilterSubject: protocol.SubjectSubmit + ".*.*", AckPolicy: jetstream.AckExplicitPolicy,
 	})
@@ -39,8 +50,8 @@ func TestDelayedSubmissionReleasedOnTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ack.Stream != protocol.StreamSubmit {
-		t.Fatalf("accepted by %s", ack.Stream)
+	if ack.Stream != protocol.StreamDelay {
+		t.Fatalf("accepted by %s, want %s", ack.Stream, protocol.StreamDelay)
 	}
 	// A second publish of the same submission is a duplicate.
 	if ack2, err := schedule.PublishDelayed(ctx, js, msg, at); err != nil || !ack2.Duplicate {
@@ -78,12 +89,13 @@ func TestDelayedSubmissionReleasedOnTime(t *testing.T) {
 	t.Logf("delay 2s: released %s after acceptance (%s after its time), received %s after its time",
 		md.Timestamp.Sub(accepted).Round(time.Millisecond), md.Timestamp.Sub(at).Round(time.Millisecond), received.Sub(at).Round(time.Millisecond))
 	_ = got.Ack()
-	st, err := js.Stream(ctx, protocol.StreamSubmit)
+	st, err := js.Stream(ctx, protocol.StreamDelay)
 	if err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 5*time.Second, "the held copy is removed", func() bool {
-		_, err := st.GetLastMsgForSubject(ctx, protocol.DelaySubject("later-1"))
-		return err != nil
+	natstest.Eventually(t, 5*time.Second, "the held copy and its release are removed", func() bool {
+		_, err1 := st.GetLastMsgForSubject(ctx, protocol.DelaySubject("later-1"))
+		_, err2 := st.GetLastMsgForSubject(ctx, protocol.DelayedSubject("later-1"))
+		return err1 != nil && err2 != nil
 	})
 }

@@ -1,11 +1,12 @@
 // Package schedule owns delayed and recurring jobs, built on JetStream
 // message schedules (nats-server 2.12+) rather than polling loops.
 //
-// Delayed jobs (run_at, delay): the submission is published to
-// warden.delay.<job> in WARDEN_SUBMIT with "Nats-Schedule: @at <time>"
-// and target warden.submit.<job>. The server holds it and releases it onto
-// the job's submit subject at that time, so no Warden process keeps a
-// timer and a restart of anything loses nothing. See PublishDelayed.
+// Delayed jobs (run_at, delay): the scheduler publishes the submission to
+// warden.delay.<job> in WARDEN_DELAY with "Nats-Schedule: @at <time>" and
+// target warden.delayed.<job>. The server holds it and releases it at that
+// time, and a scheduler's delay relay submits it again on the job's submit
+// subject, so no Warden process keeps a timer and a restart of anything
+// loses nothing. See PublishDelayed and RunDelayRelay.
 //
 // Recurring jobs: a schedule is three subjects in WARDEN_SCHEDULES:
 //   - warden.schedule.def.<name>: the definition (expression, catch-up

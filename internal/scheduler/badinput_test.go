@@ -3,7 +3,6 @@ package scheduler_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -234,33 +233,5 @@ func TestReplyToOutsideAnInboxIsNotAnswered(t *testing.T) {
 	j, _, err := b.store.Job(context.Background(), "victim")
 	if err != nil || j.Name != "victim" {
 		t.Fatalf("victim's record was overwritten: %+v, %v", j, err)
-	}
-}
-
-// A submission carrying Nats-Rollup purged other submissions as the
-// server stored it (WARDEN_SUBMIT must allow roll-ups for its message
-// schedules); the scheduler refuses it with an event that says so, so
-// that operators learn it happened. It used to be accepted as any other.
-func TestSubmissionWithARollupIsRefusedAndReported(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
-	msg := nats.NewMsg(protocol.SubmitSubject("rolled"))
-	msg.Data = []byte(`{"name":"r","steps":[{"id":"s","action":"echo"}]}`)
-	msg.Header.Set(protocol.HeaderJobID, "rolled")
-	msg.Header.Set("Nats-Rollup", "sub")
-	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
-		t.Fatal(err)
-	}
-	natstest.Eventually(t, 10*time.Second, "submission_rejected with reason rollup", func() bool {
-		for _, e := range b.events(t, protocol.EventSubmissionRejected, "rolled") {
-			if e.Data["reason"] == "rollup" {
-				return true
-			}
-		}
-		return false
-	})
-	if _, _, err := b.store.Job(context.Background(), "rolled"); !errors.Is(err, jobstore.ErrNotFound) {
-		t.Fatalf("job rolled: %v, want not found", err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/internal/retry"
+	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/internal/selection"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
@@ -134,7 +135,21 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		bg, workers sync.WaitGroup
 		errc        = make(chan error, 4)
 	)
-	bg.Add(3)
+	bg.Add(4)
+	go func() {
+		defer bg.Done()
+		// Delayed submissions the server released (WARDEN_DELAY), submitted
+		// again; every scheduler runs one on a shared consumer.
+		for ctx.Err() == nil {
+			if err := schedule.RunDelayRelay(ctx, s.js, s.log); err != nil && ctx.Err() == nil {
+				s.log.Warn().Err(err).Msg("delay relay stopped; restarting")
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}
+	}()
 	go func() {
 		defer bg.Done()
 		for ctx.Err() == nil {

@@ -16,17 +16,7 @@ import (
 // Reasons a submission is rejected beyond the spec's own (spec.Reason*).
 const (
 	reasonIDMismatch = "id_mismatch"
-	// reasonRollup: the submission carried a Nats-Rollup header.
-	reasonRollup = "rollup"
 )
-
-// headerNatsRollup is the server's roll-up header. WARDEN_SUBMIT must allow
-// roll-ups (the server requires them of a stream with message schedules,
-// which delayed submissions use), so a publisher's "Nats-Rollup: all"
-// purges every queued submission before its own is stored. Nothing here
-// can undo that; refusing the message that did it, loudly and as an event,
-// is how operators learn of it (docs/security.md).
-const headerNatsRollup = "Nats-Rollup"
 
 // submissionJobID derives a submission's job id without parsing the body
 // when it can: the subject's job token (warden.submit.<p>.<job>), the
@@ -65,14 +55,6 @@ func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 	}
 	if in.parsed != nil {
 		return in.parsed, nil // parsed and checked already (on arrival, priority.go)
-	}
-	if r := in.msg.Headers().Get(headerNatsRollup); r != "" {
-		// The server strips roll-ups from what a message schedule
-		// releases: this came from a publisher.
-		s.log.Error().Str(logging.FieldJob, in.job).Str("rollup", r).
-			Msg("a submission carried Nats-Rollup: the server purged other submissions as it stored it (rollup: all: every queued one)")
-		return nil, &spec.ValidationError{Reason: reasonRollup, Field: headerNatsRollup,
-			Msg: fmt.Sprintf("Nats-Rollup: %s purged other queued submissions when the server stored this one; Warden refuses roll-ups", r)}
 	}
 	sp, err := spec.Parse(in.msg.Data(), s.cfg.limits())
 	if err != nil {

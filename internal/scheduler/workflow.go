@@ -370,11 +370,11 @@ func (s *Scheduler) checkRateLimits(sp *spec.Job) error {
 }
 
 // delaySubmission hands a submission whose spec starts later (run_at,
-// delay) to a message schedule on warden.delay.<job>, which the server
-// releases onto the job's submit subject at that time; it reports whether
-// it did. A submission the server released already is never delayed
-// again. Submitters that use pkg/client publish delayed submissions
-// themselves; this covers hand-made ones.
+// delay) to a message schedule on warden.delay.<job> in WARDEN_DELAY,
+// which the server releases at that time and a delay relay submits again
+// (schedule.RunDelayRelay); it reports whether it did. A released
+// submission is never delayed again. Every delayed submission comes this
+// way: only schedulers write WARDEN_DELAY (docs/security.md, roll-ups).
 func (s *Scheduler) delaySubmission(ctx context.Context, in *input, sp *spec.Job) (bool, error) {
 	h := in.msg.Headers()
 	if schedule.Released(h) {

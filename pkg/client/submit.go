@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/jobstore"
-	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 )
@@ -42,8 +41,8 @@ type Receipt struct {
 	// Stream and Sequence locate the submission in WARDEN_SUBMIT.
 	Stream   string `json:"stream"`
 	Sequence uint64 `json:"sequence"`
-	// StartsAt, for a job with run_at or delay, is when the server releases
-	// it to the scheduler; Confirmed stays false.
+	// StartsAt, for a job with run_at or delay, is when it is due: the
+	// scheduler holds it until then (Confirmed says it took it).
 	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
@@ -74,17 +73,12 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 	msg.Header.Set(protocol.HeaderJobID, r.JobID)
 	msg.Header.Set(protocol.HeaderMsgID, msgID)
 
-	// A job that starts later (run_at, delay) waits in a message schedule
-	// on the server: the PubAck is its acceptance, and the scheduler sees
-	// it only when it is due, so there is no reply to wait for.
+	// A job that starts later (run_at, delay) is submitted as any other:
+	// the scheduler holds it in WARDEN_DELAY until it is due and confirms
+	// that. Publishers do not write WARDEN_DELAY themselves: a stream with
+	// message schedules must allow roll-ups (docs/security.md).
 	if start := job.StartAt(time.Now()); start.After(time.Now()) {
 		r.StartsAt = start
-		ack, err := schedule.PublishDelayed(ctx, c.js, msg, start)
-		if err != nil {
-			return Receipt{}, fmt.Errorf("submit job %s: %w", r.JobID, err)
-		}
-		r.Stream, r.Sequence, r.Existing = ack.Stream, ack.Sequence, ack.Duplicate
-		return r, nil
 	}
 
 	// Subscribe before publishing: the scheduler may answer before
@@ -182,7 +176,7 @@ func waitReply(ctx context.Context, sub *nats.Subscription, timeout time.Duratio
 // of a rejected submission was dropped all the same and reported as the
 // existing job: no job existed, and `warden submit --wait` followed it for
 // ever. That submission is still queued for a scheduler (on warden.submit,
-// or held on warden.delay until it is due), or the scheduler took it,
+// or held on warden.delay in WARDEN_DELAY until it is due), or the scheduler took it,
 // wrote the job record and only then acked it; if neither the message nor
 // the record is there, it was rejected. A caller that may not read the
 // stream or the job store (the publisher role) gets the old answer.
@@ -194,7 +188,9 @@ func (c *Client) duplicateOf(ctx context.Context, job string, seq uint64) error 
 	if _, err := s.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil // still queued, or no answer (no permission)
 	}
-	if _, err := s.GetLastMsgForSubject(ctx, protocol.DelaySubject(job)); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if d, err := c.js.Stream(ctx, protocol.StreamDelay); err != nil {
+		return nil
+	} else if _, err := d.GetLastMsgForSubject(ctx, protocol.DelaySubject(job)); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}
 	st, err := c.store(ctx)

@@ -5,13 +5,24 @@ package protocol
 // docs/protocol.md, "Delayed and recurring jobs".
 
 const (
-	// SubjectDelayPrefix: a submission published to warden.delay.<job>
-	// with the JetStream message-schedule headers
+	// SubjectDelayPrefix: the scheduler holds a submission that starts
+	// later on warden.delay.<job> in WARDEN_DELAY, with the JetStream
+	// message-schedule headers
 	//	Nats-Schedule: @at <RFC 3339 time>
-	//	Nats-Schedule-Target: warden.submit.<job>
-	// is held by WARDEN_SUBMIT and released onto warden.submit.<job> at
-	// that time, headers and body intact; the server then removes it.
+	//	Nats-Schedule-Target: warden.delayed.<job>
+	// The server releases it onto warden.delayed.<job> at that time,
+	// headers and body intact, and a scheduler's delay relay submits it
+	// again on warden.submit.<job> (HeaderReleased set). Only schedulers
+	// write WARDEN_DELAY: a stream with message schedules must allow
+	// roll-ups, and a publisher's "Nats-Rollup: all" would purge it.
 	SubjectDelayPrefix = "warden.delay"
+	// SubjectDelayedPrefix: released delayed submissions, warden.delayed.<job>.
+	SubjectDelayedPrefix = "warden.delayed"
+	// StreamDelay holds delayed submissions and their releases.
+	StreamDelay = "WARDEN_DELAY"
+	// HeaderReleased marks a submission a delay relay released: it is due,
+	// and never delayed again.
+	HeaderReleased = "Warden-Released"
 
 	// SubjectSchedulePrefix prefixes the WARDEN_SCHEDULES stream:
 	//	warden.schedule.def.<name>    a schedule's definition (JSON)
@@ -42,6 +53,9 @@ const (
 
 // DelaySubject is where a submission of job waits until its time.
 func DelaySubject(job string) string { return SubjectDelayPrefix + "." + job }
+
+// DelayedSubject is where the server releases a delayed submission of job.
+func DelayedSubject(job string) string { return SubjectDelayedPrefix + "." + job }
 
 // ScheduleDefSubject, ScheduleTimerSubject and ScheduleTickSubject are a
 // schedule's subjects in WARDEN_SCHEDULES.

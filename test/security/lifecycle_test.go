@@ -172,6 +172,15 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 	d.waitJob(t, ok, 60*time.Second, "succeeded")
 	d.must(t, creds.RoleReadonly, "jobs", "ls")
 
+	// A delayed job (publisher): the scheduler holds it in WARDEN_DELAY,
+	// the server releases it, a scheduler's delay relay submits it again.
+	later := d.submit(t, `{"name":"later","delay":"1s","steps":[{"id":"a","action":"echo","params":{"message":"later"}}]}`)
+	waitFor(t, 30*time.Second, "the delayed job is released", func() bool {
+		_, _, code := d.cli(t, creds.RoleReadonly, "job", "show", later)
+		return code == 0 // not found (3) until it is due
+	})
+	d.waitJob(t, later, 60*time.Second, "succeeded")
+
 	// A step that fails (timeout), then `job retry` (admin).
 	bad := d.submit(t, `{"name":"bad","steps":[{"id":"s","action":"sleep","params":{"duration":"5s"},"timeout":"200ms","max_retries":0}]}`)
 	d.waitJob(t, bad, 60*time.Second, "failed")

@@ -2,9 +2,11 @@ package security
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/creds"
@@ -150,8 +152,27 @@ func TestPublisherCanOnlySubmit(t *testing.T) {
 	if got := p.refusals(); len(got) != 0 {
 		t.Fatalf("submissions refused: %v", got)
 	}
+	// A roll-up would have the server purge every queued submission (all)
+	// or another job's (sub) as it stores this one: WARDEN_SUBMIT refuses
+	// roll-ups since delayed submissions moved to WARDEN_DELAY, which only
+	// schedulers write.
+	for _, rollup := range []string{"all", "sub"} {
+		m := nats.NewMsg(protocol.SubmitSubject("job-1"))
+		m.Data = []byte(`{"steps":[]}`)
+		m.Header.Set("Nats-Rollup", rollup)
+		if _, err := p.js.PublishMsg(ctx, m); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
+			t.Fatalf("a submission with Nats-Rollup: %s: %v, want the server's refusal", rollup, err)
+		}
+	}
+	if st, err := d.connect(t, creds.RoleAdmin).js.Stream(ctx, protocol.StreamSubmit); err != nil {
+		t.Fatal(err)
+	} else if info, err := st.Info(ctx, jetstream.WithSubjectFilter(protocol.SubjectSubmit+".>")); err != nil || info.State.Msgs < 2 {
+		t.Fatalf("queued submissions after the refused roll-ups: %+v %v, want both", info, err)
+	}
 	for _, subj := range []string{
 		"$JS.API.STREAM.INFO.KV_warden_jobs",
+		protocol.DelaySubject("job-1"),
+		protocol.DelayedSubject("job-1"),
 		"$KV.warden_jobs.job.job-1",
 		protocol.TaskSubject(0, pool, "a1"),
 		protocol.ResultSubject(pool, "a1", "job-1", "s"),

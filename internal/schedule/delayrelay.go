@@ -1,0 +1,82 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// DelayRelayConsumer is the durable consumer every scheduler's delay relay
+// shares on WARDEN_DELAY.
+const DelayRelayConsumer = "delay-relay"
+
+// RunDelayRelay submits released delayed submissions (warden.delayed.<job>
+// in WARDEN_DELAY) on warden.submit.<job>, marked HeaderReleased so that
+// they are not delayed again, until ctx ends. Every scheduler runs one;
+// they share a durable consumer. A release is acked only once its
+// submission is stored; its Nats-Msg-Id (released.<job>.<sequence>) makes
+// a redelivered one a duplicate.
+func RunDelayRelay(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) error {
+	cons, err := js.CreateOrUpdateConsumer(ctx, protocol.StreamDelay, jetstream.ConsumerConfig{
+		Durable:       DelayRelayConsumer,
+		Description:   "Shared by every scheduler: released delayed submissions, submitted again on warden.submit.",
+		FilterSubject: protocol.DelayedSubject("*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxAckPending: 1024,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer %s: %w", DelayRelayConsumer, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleTimeout)
+		defer cancel()
+		if err := submitReleased(hctx, js, m); err != nil {
+			log.Warn().Err(err).Str("subject", m.Subject()).Msg("released delayed submission not submitted; it will be redelivered")
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		_ = m.Ack()
+	})
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", protocol.StreamDelay, err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	<-cc.Closed()
+	return nil
+}
+
+// submitReleased submits one released delayed submission.
+func submitReleased(ctx context.Context, js jetstream.JetStream, m jetstream.Msg) error {
+	job := strings.TrimPrefix(m.Subject(), protocol.SubjectDelayedPrefix+".")
+	if !protocol.ValidToken(job) {
+		return nil // not a release Warden made: nothing to submit
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return err
+	}
+	s := nats.NewMsg(protocol.SubmitSubject(job))
+	s.Data = m.Data()
+	for k, v := range m.Headers() {
+		if !strings.HasPrefix(k, "Nats-") {
+			s.Header[k] = v
+		}
+	}
+	s.Header.Set(protocol.HeaderReleased, "1")
+	s.Header.Set(protocol.HeaderMsgID, "released."+job+"."+strconv.FormatUint(md.Sequence.Stream, 10))
+	if _, err := js.PublishMsg(ctx, s); err != nil {
+		return fmt.Errorf("submit %s: %w", job, err)
+	}
+	return nil
+}
