@@ -15,11 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/api"
-	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
-	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
 
 type sse struct {
@@ -180,17 +177,7 @@ func TestEventStream(t *testing.T) {
 // stream.
 func TestEventStreamDropsAClientThatStoppedReading(t *testing.T) {
 	defer api.SetSSEWriteTimeout(300 * time.Millisecond)()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
-	st, err := jobstore.Open(ctx(t), js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := api.New(api.Config{AnonymousScope: api.ScopeRead}, nc, ops.New(nc, st))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, js := newServer(t, api.Config{AnonymousScope: api.ScopeRead})
 	hs := httptest.NewServer(s.Handler())
 	defer hs.Close()
 	conn, err := net.Dial("tcp", hs.Listener.Addr().String())

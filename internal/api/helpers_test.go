@@ -42,6 +42,24 @@ func ctx(t testing.TB) context.Context {
 	return c
 }
 
+// newServer starts NATS with Warden's streams and builds an API server
+// on it with cfg (not serving yet), for tests that run it themselves.
+func newServer(t *testing.T, cfg api.Config) (*api.Server, jetstream.JetStream) {
+	t.Helper()
+	srv := natstest.New(t)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: 1})
+	st, err := jobstore.Open(ctx(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := api.New(cfg, nc, ops.New(nc, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, js
+}
+
 // setup starts NATS with Warden's streams and an API server on it.
 func setup(t *testing.T, edit func(*api.Config)) bundle {
 	t.Helper()
@@ -84,12 +102,25 @@ func (r response) decode(t *testing.T, v any) {
 
 func (b bundle) call(t *testing.T, method, path, token string, body []byte) response {
 	t.Helper()
+	var h map[string]string
+	if token != "" {
+		h = map[string]string{"Authorization": "Bearer " + token}
+	}
+	return b.send(t, method, path, "", h, body)
+}
+
+// send is call with headers of its own, and a Host when host is set.
+func (b bundle) send(t *testing.T, method, path, host string, header map[string]string, body []byte) response {
+	t.Helper()
 	req, err := http.NewRequestWithContext(ctx(t), method, b.url+path, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	if host != "" {
+		req.Host = host
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {

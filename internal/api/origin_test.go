@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,30 +16,7 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
-
-// send is call with extra headers (and Host, when host is set).
-func (b bundle) send(t *testing.T, method, path, host string, header map[string]string, body string) response {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx(t), method, b.url+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	if host != "" {
-		req.Host = host
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	out, _ := io.ReadAll(res.Body)
-	return response{res.StatusCode, out, res.Header}
-}
 
 // A web page on another site could send a browser's simple request (a POST
 // with a text/plain body, no preflight) to a developer's anonymous admin
@@ -51,13 +27,13 @@ func TestCrossOriginRequestsAreRefused(t *testing.T) {
 	b := setup(t, func(c *api.Config) { c.AnonymousScope = api.ScopeAdmin })
 	b.job(t, "j", jobstore.JobRunning, jobstore.StepPending)
 	cross := map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site", "Content-Type": "text/plain"}
-	wantError(t, "cross-site cancel", b.send(t, "POST", "/api/v1/jobs/j/cancel", "", cross, ""), http.StatusForbidden, ops.CodeForbidden)
-	wantError(t, "cross-site submit", b.send(t, "POST", "/api/v1/jobs", "", cross, "name: x\nsteps: [{id: a, action: echo}]\n"),
+	wantError(t, "cross-site cancel", b.send(t, "POST", "/api/v1/jobs/j/cancel", "", cross, nil), http.StatusForbidden, ops.CodeForbidden)
+	wantError(t, "cross-site submit", b.send(t, "POST", "/api/v1/jobs", "", cross, []byte("name: x\nsteps: [{id: a, action: echo}]\n")),
 		http.StatusForbidden, ops.CodeForbidden)
 	if j, _, err := b.store.Job(ctx(t), "j"); err != nil || j.Desired == jobstore.JobCancelled {
 		t.Fatalf("job after a refused cross-site cancel: %+v %v", j, err)
 	}
-	if r := b.send(t, "POST", "/api/v1/jobs/j/cancel", "", nil, ""); r.status != http.StatusOK {
+	if r := b.send(t, "POST", "/api/v1/jobs/j/cancel", "", nil, nil); r.status != http.StatusOK {
 		t.Fatalf("a program's cancel: %d %s", r.status, r.body)
 	}
 }
@@ -72,11 +48,11 @@ func TestAnonymousAccessOnlyUnderKnownHosts(t *testing.T) {
 		"evil.example:8080": http.StatusForbidden, "evil.example": http.StatusForbidden,
 		"localhost:8080": http.StatusOK, "[::1]:8080": http.StatusOK, "127.0.0.1": http.StatusOK, "warden.internal:80": http.StatusOK,
 	} {
-		if r := b.send(t, "GET", "/api/v1/overview", host, nil, ""); r.status != want {
+		if r := b.send(t, "GET", "/api/v1/overview", host, nil, nil); r.status != want {
 			t.Errorf("anonymous GET under Host %s: %d, want %d (%s)", host, r.status, want, r.body)
 		}
 	}
-	if r := b.send(t, "GET", "/api/v1/overview", "evil.example", map[string]string{"Authorization": "Bearer " + readToken}, ""); r.status != http.StatusOK {
+	if r := b.send(t, "GET", "/api/v1/overview", "evil.example", map[string]string{"Authorization": "Bearer " + readToken}, nil); r.status != http.StatusOK {
 		t.Errorf("a token under any Host: %d %s", r.status, r.body)
 	}
 }
@@ -87,18 +63,7 @@ func TestAnonymousAccessOnlyUnderKnownHosts(t *testing.T) {
 // finish: 201, unconfirmed.
 func TestShutdownAnswersAStoredSubmission(t *testing.T) {
 	t.Parallel()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
-	st, err := jobstore.Open(ctx(t), js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := api.New(api.Config{Listen: "127.0.0.1:0", AnonymousScope: api.ScopeAdmin, RequestTimeout: 20 * time.Second},
-		nc, ops.New(nc, st))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, js := newServer(t, api.Config{Listen: "127.0.0.1:0", AnonymousScope: api.ScopeAdmin, RequestTimeout: 20 * time.Second})
 	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	addr := make(chan string, 1)
