@@ -72,6 +72,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"job", "follow", "job-x"},
 		{"dlq", "purg", "--yes"},
 		{"agent", "drian", "a1"},
+		// A bad cron expression is the command as called, server or not
+		// (it connected first and exited 4).
+		{"schedule", "add", "bad", "--cron", "0 25 * * *", "-f", "../../examples/diamond.json"},
 	}
 	for _, args := range cases {
 		r := warden(t, "", append(args, "--server", "nats://127.0.0.1:1")...)

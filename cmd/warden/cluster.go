@@ -52,6 +52,9 @@ func (a *app) clusterCommand() *cobra.Command {
 				if err := st.Delete(ctx, args[0]); err != nil {
 					return clusterErr(err)
 				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]string{"deleted": args[0]})
+				}
 				fmt.Fprintf(a.stdout, "cluster %s deleted\n", args[0])
 				return nil
 			})

@@ -118,7 +118,8 @@ func TestClusterCommands(t *testing.T) {
 	if r := w("", "cluster", "rebalance", "prod-docker"); r.code != 0 {
 		t.Fatalf("rebalance: %+v", r)
 	}
-	if r := w("", "cluster", "delete", "prod-docker"); r.code != 0 {
+	// With --json, stdout is one JSON document (it was the human line).
+	if r := w("", "--json", "cluster", "delete", "prod-docker"); r.code != 0 || !json.Valid([]byte(r.stdout)) || !strings.Contains(r.stdout, `"deleted"`) {
 		t.Fatalf("delete: %+v", r)
 	}
 	if r := w("", "cluster", "show", "prod-docker"); r.code != exitNotFound {

@@ -106,6 +106,9 @@ func (a *app) agentCommand() *cobra.Command {
 					if err := f(o, ctx, pool, args[0]); err != nil {
 						return err
 					}
+					if a.json {
+						return writeJSON(a.stdout, map[string]string{"pool": pool, "id": args[0], "result": use + "ed"})
+					}
 					fmt.Fprintf(a.stdout, "agent %s.%s %s\n", pool, args[0], done)
 					return nil
 				})
@@ -122,6 +125,9 @@ func (a *app) agentCommand() *cobra.Command {
 				msg, err := o.FailoverAgent(ctx, pool, args[0])
 				if err != nil {
 					return err
+				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]string{"pool": pool, "id": args[0], "result": msg})
 				}
 				fmt.Fprintln(a.stdout, msg)
 				return nil

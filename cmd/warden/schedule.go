@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -46,12 +44,19 @@ shorter of 1m and the interval).`,
 			if every != "" {
 				expr = "@every " + every
 			}
-			body, err := readSpec(a.stdin, file)
+			// As submit: stdin only when piped (or -f -), so that a bare
+			// command at a terminal says what is missing instead of waiting.
+			body, err := a.readSpec(file)
 			if err != nil {
 				return err
 			}
 			d := schedule.Definition{Name: args[0], Schedule: expr, TimeZone: tz, Catchup: catchup,
 				Grace: protocol.Duration(grace), Spec: string(body)}
+			// Checked before connecting: a bad expression or spec is a usage
+			// error (2) even with the server down, not "unavailable" (4).
+			if _, err := d.Validate(); err != nil {
+				return usageError("%w", err)
+			}
 			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
 				next, err := st.Add(ctx, d, replace)
 				switch {
@@ -71,7 +76,7 @@ shorter of 1m and the interval).`,
 		},
 	}
 	f := add.Flags()
-	f.StringVarP(&file, "file", "f", "-", "job spec file (YAML or JSON); - reads stdin")
+	f.StringVarP(&file, "file", "f", "", "job spec file (YAML or JSON); - or none reads stdin when piped")
 	f.StringVar(&cron, "cron", "", "cron expression")
 	f.StringVar(&every, "every", "", "interval, e.g. 30s or 1h")
 	f.StringVar(&catchup, "catchup", schedule.CatchupRunOnce, "overdue tick after downtime: run_once or skip")
@@ -140,15 +145,4 @@ func (a *app) withSchedules(ctx context.Context, f func(context.Context, *schedu
 		}
 		return f(ctx, st)
 	})
-}
-
-func readSpec(stdin io.Reader, file string) ([]byte, error) {
-	if file == "-" {
-		return io.ReadAll(stdin)
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, usageError("%v", err)
-	}
-	return b, nil
 }

@@ -242,9 +242,12 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 	d.waitJob(t, long, 60*time.Second, "cancelled")
 
 	// Drain, undrain, failover (admin).
-	d.must(t, creds.RoleAdmin, "agent", "drain", "a1")
-	d.must(t, creds.RoleAdmin, "agent", "undrain", "a1")
-	d.must(t, creds.RoleAdmin, "agent", "failover", "a2")
+	// With --json, stdout is one JSON document (it was the human line).
+	for _, args := range [][]string{{"agent", "drain", "a1"}, {"agent", "undrain", "a1"}, {"agent", "failover", "a2"}} {
+		if out := d.must(t, creds.RoleAdmin, append([]string{"--json"}, args...)...); !json.Valid([]byte(out)) {
+			t.Fatalf("warden --json %v printed %q", args, out)
+		}
+	}
 
 	// Healing history (readonly).
 	d.must(t, creds.RoleReadonly, "healing", "ls")
