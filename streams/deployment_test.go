@@ -85,3 +85,41 @@ func TestVerifyDeployment(t *testing.T) {
 		t.Fatalf("want a partitions mismatch after the record was extended, got %v", err)
 	}
 }
+
+// The presence and leases buckets, whose TTL their owner sets, were skipped
+// whenever they existed and this process did not set the TTL (`warden
+// setup` does not): a later definition (replicas raised, say) never reached
+// them. Ensure now applies the definition and keeps the bucket's TTL.
+func TestEnsureUpdatesTheTTLBucketsKeepingTheirTTL(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, streams.Options{PresenceTTL: 7 * time.Second, LeaseTTL: 9 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{protocol.BucketPresence, protocol.BucketLeases} {
+		st, err := js.Stream(ctx, "KV_"+b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.Description, cfg.Metadata[streams.MetadataConfigHash] = "an older definition", "older"
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for b, ttl := range map[string]time.Duration{protocol.BucketPresence: 7 * time.Second, protocol.BucketLeases: 9 * time.Second} {
+		st, err := js.Stream(ctx, "KV_"+b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := st.CachedInfo().Config; c.Description == "an older definition" || c.MaxAge != ttl {
+			t.Errorf("%s after Ensure: description %q, TTL %s; want the definition's, TTL %s kept", b, c.Description, c.MaxAge, ttl)
+		}
+	}
+}

@@ -277,10 +277,17 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	}
 	for _, c := range kvs {
 		// A process that does not own a TTL (a scheduler, for the leases
-		// bucket) must not reset the owner's setting to the file's default.
+		// bucket) must not reset the owner's setting to the file's default:
+		// it keeps the bucket's TTL, and applies the rest of the definition
+		// (replicas, after `warden setup --replicas 3` on a deployment that
+		// began with one, were never applied to these buckets before).
 		if (c.Bucket == protocol.BucketLeases && opts.LeaseTTL == 0) || (c.Bucket == protocol.BucketPresence && opts.PresenceTTL == 0) {
-			if _, err := js.KeyValue(ctx, c.Bucket); err == nil {
-				continue
+			if kv, err := js.KeyValue(ctx, c.Bucket); err == nil {
+				st, err := kv.Status(ctx)
+				if err != nil {
+					return setupError("KV_"+c.Bucket, err)
+				}
+				c.TTL = st.TTL()
 			}
 		}
 		if err := ensureKV(ctx, js, c); err != nil {
