@@ -152,7 +152,9 @@ func startTransfer(t *testing.T, name string, timeout time.Duration) *transferEn
 // step reads the job's step; nil until the scheduler has written it.
 func (x *transferEnv) step() *jobstore.Step {
 	st, _, err := x.store.Step(context.Background(), x.job, "s")
-	if errors.Is(err, jobstore.ErrNotFound) {
+	if errors.Is(err, jobstore.ErrNotFound) || errors.Is(err, jobstore.ErrConflict) {
+		// Not written yet, or written between the read and the leader's
+		// check (ErrBehindLeader, a conflict: read again).
 		return nil
 	}
 	if err != nil {
