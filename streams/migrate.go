@@ -60,11 +60,7 @@ func migrateSubmit(ctx context.Context, js jetstream.JetStream, defs []jetstream
 			return setupError(protocol.StreamSubmit, fmt.Errorf("read %s: %w", subject, err))
 		}
 		job := strings.TrimPrefix(subject, protocol.SubjectDelayPrefix+".")
-		msg := nats.NewMsg(subject)
-		msg.Data = m.Data
-		for k, v := range m.Header {
-			msg.Header[k] = v
-		}
+		msg := &nats.Msg{Subject: subject, Data: m.Data, Header: m.Header}
 		msg.Header.Set(protocol.HeaderNatsScheduleTarget, protocol.DelayedSubject(job))
 		if _, err := js.PublishMsg(ctx, msg); err != nil {
 			return setupError(protocol.StreamDelay, fmt.Errorf("copy %s: %w", subject, err))
@@ -87,15 +83,11 @@ func migrateSubmit(ctx context.Context, js jetstream.JetStream, defs []jetstream
 // nothingQueued refuses while the old stream holds submissions (anything
 // but its anchor and its delayed submissions, which are moved).
 func nothingQueued(ctx context.Context, old jetstream.Stream) error {
-	info, err := old.Info(ctx, jetstream.WithSubjectFilter(">"))
+	waiting, err := stored(ctx, old, ">", func(subject string) bool {
+		return subject == protocol.AnchorSubject(protocol.StreamSubmit) || strings.HasPrefix(subject, protocol.SubjectDelayPrefix+".")
+	})
 	if err != nil {
 		return setupError(protocol.StreamSubmit, err)
-	}
-	var waiting uint64
-	for subject, n := range info.State.Subjects {
-		if subject != protocol.AnchorSubject(protocol.StreamSubmit) && !strings.HasPrefix(subject, protocol.SubjectDelayPrefix+".") {
-			waiting += n
-		}
 	}
 	if waiting > 0 {
 		return setupError(protocol.StreamSubmit, fmt.Errorf("this version keeps delayed submissions in %s and must make %s again "+

@@ -342,13 +342,11 @@ func refuseStranding(ctx context.Context, js jetstream.JetStream, c jetstream.St
 	prefix := strings.SplitN(c.SubjectTransform.Source, ".*", 2)[0] // warden.submit, warden.result
 	var waiting uint64
 	for p := newN; p < oldN; p++ {
-		info, err := st.Info(ctx, jetstream.WithSubjectFilter(fmt.Sprintf("%s.%d.>", prefix, p)))
+		n, err := stored(ctx, st, fmt.Sprintf("%s.%d.>", prefix, p), nil)
 		if err != nil {
 			return setupError(c.Name, fmt.Errorf("count messages on partition %d: %w", p, err))
 		}
-		for _, n := range info.State.Subjects {
-			waiting += n
-		}
+		waiting += n
 	}
 	if waiting == 0 {
 		return nil
@@ -356,6 +354,22 @@ func refuseStranding(ctx context.Context, js jetstream.JetStream, c jetstream.St
 	return setupError(c.Name, fmt.Errorf("lowering partitions from %d to %d would strand %d messages waiting on partitions %d-%d, "+
 		"which no scheduler would read again: run every scheduler and supervisor with partitions %d until %s holds none of them, then change it",
 		oldN, newN, waiting, newN, oldN-1, oldN, c.Name))
+}
+
+// stored counts the messages st holds on subjects matching filter, but for
+// those skip says to leave out (nil: none).
+func stored(ctx context.Context, st jetstream.Stream, filter string, skip func(subject string) bool) (uint64, error) {
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for subject, c := range info.State.Subjects {
+		if skip == nil || !skip(subject) {
+			n += c
+		}
+	}
+	return n, nil
 }
 
 func partitionsOf(dest string) (int, bool) {

@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 		env.Processes = append(env.Processes, Process{Name: "api", Role: "api",
 			Args: []string{"api", "--server", url, "--listen", cfg.APIAddr, "--anonymous-scope", "admin"}, MetricsURL: "http://" + cfg.APIAddr + "/metrics"})
 	}
-	if err := addressesFree(env.Processes, cfg.APIAddr); err != nil {
+	if err := addressesFree(env.Processes); err != nil {
 		return err
 	}
 	if err := writeAgentConfigs(filepath.Join(cfg.ConfigDir, "agent.yaml"), env.Processes); err != nil {
@@ -207,34 +207,28 @@ func portFree(host string, port int) error {
 	if port <= 0 {
 		return nil
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
+	if err := listenable(net.JoinHostPort(host, strconv.Itoa(port))); err != nil {
 		return fmt.Errorf("port %d is in use (another `warden dev` or nats-server?); stop it or pass --port: %w", port, err)
 	}
-	return l.Close()
+	return nil
 }
 
 // addressesFree fails fast, naming the flag to change, when a child's
-// metrics address or the API's is taken: the child would exit at start and
-// take the whole sandbox down with "child process exited".
-func addressesFree(procs []Process, apiAddr string) error {
+// metrics address (or the API's, whose /metrics is its own address) is
+// taken: the child would exit at start and take the whole sandbox down
+// with "child process exited".
+func addressesFree(procs []Process) error {
 	for _, p := range procs {
-		addr := p.agentMetricsAddr
-		if addr == "" && p.MetricsURL != "" && p.Role != "api" {
-			addr = strings.TrimSuffix(strings.TrimPrefix(p.MetricsURL, "http://"), "/metrics")
-		}
-		if addr == "" {
+		if p.MetricsURL == "" {
 			continue
 		}
-		if err := listenable(addr); err != nil {
-			return fmt.Errorf("%s's metrics address %s is in use; pass --metrics-port with a free range (or 0 for none): %w", p.Name, addr, err)
-		}
-	}
-	for _, p := range procs {
+		addr := strings.TrimSuffix(strings.TrimPrefix(p.MetricsURL, "http://"), "/metrics")
+		flag := "--metrics-port with a free range (or 0 for none)"
 		if p.Role == "api" {
-			if err := listenable(apiAddr); err != nil {
-				return fmt.Errorf("the API's address %s is in use; pass --api with a free address (or \"\" for none): %w", apiAddr, err)
-			}
+			flag = `--api with a free address (or "" for none)`
+		}
+		if err := listenable(addr); err != nil {
+			return fmt.Errorf("%s's address %s is in use; pass %s: %w", p.Name, addr, flag, err)
 		}
 	}
 	return nil

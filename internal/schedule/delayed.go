@@ -38,6 +38,21 @@ func PublishDelayed(ctx context.Context, js jetstream.JetStream, msg *nats.Msg, 
 	return js.PublishMsg(ctx, d)
 }
 
+// Resubmission is a submission of job with body data and the headers of h
+// that are Warden's (not the server's Nats-* ones: a message id, schedule
+// or roll-up header of the message it comes from must not ride along).
+func Resubmission(job string, data []byte, h nats.Header) *nats.Msg {
+	m := nats.NewMsg(protocol.SubmitSubject(job))
+	m.Data = data
+	for k, v := range h {
+		if !strings.HasPrefix(k, "Nats-") {
+			m.Header[k] = v
+		}
+	}
+	m.Header.Set(protocol.HeaderJobID, job)
+	return m
+}
+
 // Released reports whether a submission was released by a message
 // schedule (a delayed submission or a schedule's tick) rather than
 // published directly: the scheduler must not delay it again.

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -40,12 +39,7 @@ func RunDelayRelay(ctx context.Context, js jetstream.JetStream, log zerolog.Logg
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleTimeout)
 		defer cancel()
-		if err := submitReleased(hctx, js, m); err != nil {
-			log.Warn().Err(err).Str("subject", m.Subject()).Msg("released delayed submission not submitted; it will be redelivered")
-			_ = m.NakWithDelay(time.Second)
-			return
-		}
-		_ = m.Ack()
+		settle(m, submitReleased(hctx, js, m), log, "released delayed submission")
 	})
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", protocol.StreamDelay, err)
@@ -66,13 +60,7 @@ func submitReleased(ctx context.Context, js jetstream.JetStream, m jetstream.Msg
 	if err != nil {
 		return err
 	}
-	s := nats.NewMsg(protocol.SubmitSubject(job))
-	s.Data = m.Data()
-	for k, v := range m.Headers() {
-		if !strings.HasPrefix(k, "Nats-") {
-			s.Header[k] = v
-		}
-	}
+	s := Resubmission(job, m.Data(), m.Headers())
 	s.Header.Set(protocol.HeaderReleased, "1")
 	s.Header.Set(protocol.HeaderMsgID, "released."+job+"."+strconv.FormatUint(md.Sequence.Stream, 10))
 	if _, err := js.PublishMsg(ctx, s); err != nil {

@@ -171,9 +171,14 @@ func (r *Relay) Reconcile(ctx context.Context) error {
 // so that it is handled again; everything it does is idempotent.
 func (r *Relay) handle(ctx context.Context, m jetstream.Msg) {
 	name := strings.TrimPrefix(m.Subject(), protocol.ScheduleTickSubject(""))
-	log := r.log.With().Str("schedule", name).Logger()
-	if err := r.relay(ctx, name, m.Headers()); err != nil {
-		log.Warn().Err(err).Msg("tick not relayed; it will be redelivered")
+	settle(m, r.relay(ctx, name, m.Headers()), r.log.With().Str("schedule", name).Logger(), "tick")
+}
+
+// settle acks a relayed message, or, when relaying it failed, hands it
+// back to be redelivered in a second (every relay step is idempotent).
+func settle(m jetstream.Msg, err error, log zerolog.Logger, what string) {
+	if err != nil {
+		log.Warn().Err(err).Str("subject", m.Subject()).Msg(what + " not relayed; it will be redelivered")
 		_ = m.NakWithDelay(time.Second)
 		return
 	}

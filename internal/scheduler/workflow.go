@@ -388,14 +388,7 @@ func (s *Scheduler) delaySubmission(ctx context.Context, in *input, sp *spec.Job
 	if !at.After(s.now()) {
 		return false, nil
 	}
-	m := nats.NewMsg(protocol.SubmitSubject(in.job))
-	m.Data = in.msg.Data()
-	for k, v := range h {
-		if !strings.HasPrefix(k, "Nats-") {
-			m.Header[k] = v
-		}
-	}
-	m.Header.Set(protocol.HeaderJobID, in.job)
+	m := schedule.Resubmission(in.job, in.msg.Data(), h)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.WriteTimeout.Std())
 	defer cancel()
 	if _, err := schedule.PublishDelayed(ctx, s.js, m, at); err != nil {
