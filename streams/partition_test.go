@@ -2,6 +2,7 @@ package streams_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,6 +95,14 @@ func TestLoweringPartitionsRefusesToStrandMessages(t *testing.T) {
 	err := lower()
 	if err == nil || !strings.Contains(err.Error(), "strand 1 messages") {
 		t.Fatalf("lowering partitions over a queued submission: %v, want a refusal naming it", err)
+	}
+	// Refused before the deployment record is written: processes with the
+	// old count may still start and drain the queue (the refusal wrote a
+	// record with the new count, which then refused them).
+	if kv, err := js.KeyValue(ctx, protocol.BucketDeployment); err != nil {
+		t.Fatal(err)
+	} else if _, err := kv.Get(ctx, protocol.KeyDeployment); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("deployment record after the refusal: %v, want none written", err)
 	}
 	s, _ := js.Stream(ctx, protocol.StreamSubmit)
 	if m, err := s.GetLastMsgForSubject(ctx, protocol.SubjectSubmit+".*."+job); err != nil {

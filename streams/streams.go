@@ -256,11 +256,18 @@ func SchedulerConsumer() (jetstream.ConsumerConfig, error) {
 // partitions differ from the deployment's gets a *MismatchError and changes
 // nothing.
 func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
-	if err := CheckDeployment(ctx, js, opts.Deployment(), opts.withDefaults().Replicas); err != nil {
-		return err
-	}
 	streams, err := StreamConfigs(opts)
 	if err != nil {
+		return err
+	}
+	// Before the deployment record: a refusal must leave the record as it
+	// was, so that the old partition count can run until the queues drain.
+	for _, c := range streams {
+		if err := refuseStranding(ctx, js, c); err != nil {
+			return err
+		}
+	}
+	if err := CheckDeployment(ctx, js, opts.Deployment(), opts.withDefaults().Replicas); err != nil {
 		return err
 	}
 	if err := migrateSubmit(ctx, js, streams); err != nil {
@@ -282,12 +289,8 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		// (replicas, after `warden setup --replicas 3` on a deployment that
 		// began with one, were never applied to these buckets before).
 		if (c.Bucket == protocol.BucketLeases && opts.LeaseTTL == 0) || (c.Bucket == protocol.BucketPresence && opts.PresenceTTL == 0) {
-			if kv, err := js.KeyValue(ctx, c.Bucket); err == nil {
-				st, err := kv.Status(ctx)
-				if err != nil {
-					return setupError("KV_"+c.Bucket, err)
-				}
-				c.TTL = st.TTL()
+			if st, err := js.Stream(ctx, "KV_"+c.Bucket); err == nil {
+				c.TTL = st.CachedInfo().Config.MaxAge
 			}
 		}
 		if err := ensureKV(ctx, js, c); err != nil {
@@ -303,9 +306,6 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, c jetstream.Strea
 		return nil
 	}
 	c.Metadata = withHash(c.Metadata, h)
-	if err := refuseStranding(ctx, js, c); err != nil {
-		return err
-	}
 	if err := createOrUpdateStream(ctx, js, c); err != nil {
 		return setupError(c.Name, err)
 	}
