@@ -36,19 +36,28 @@ func New(component, level string) zerolog.Logger {
 // New itself falls back to info, so a process checks its configured level
 // at start: a typo must not quietly log at another level.
 func CheckLevel(level string) error {
+	_, err := parseLevel(level)
+	return err
+}
+
+// parseLevel reads one of the documented levels (empty: info).
+func parseLevel(level string) (zerolog.Level, error) {
 	switch strings.ToLower(level) {
-	case "", "debug", "info", "warn", "error":
-		return nil
+	case "", "info":
+		return zerolog.InfoLevel, nil
+	case "debug":
+		return zerolog.DebugLevel, nil
+	case "warn":
+		return zerolog.WarnLevel, nil
+	case "error":
+		return zerolog.ErrorLevel, nil
 	}
-	return fmt.Errorf("log_level must be debug, info, warn or error, got %q", level)
+	return zerolog.InfoLevel, fmt.Errorf("log_level must be debug, info, warn or error, got %q", level)
 }
 
 // NewTo is New with an explicit writer.
 func NewTo(w io.Writer, component, level string) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
-	if err != nil || level == "" {
-		lvl = zerolog.InfoLevel
-	}
+	lvl, _ := parseLevel(level) // info when unknown: CheckLevel refuses it at start
 	out := w
 	format := os.Getenv("WARDEN_LOG_FORMAT")
 	if f, ok := w.(*os.File); (ok && format == "" && isatty.IsTerminal(f.Fd())) || format == "console" {
