@@ -202,28 +202,12 @@ func checkCommandPath(command string) error {
 	return nil
 }
 
-// resolveCommand is the absolute path of command, found with the agent's own
-// PATH before the task's dir applies. A name found only through a relative
-// PATH entry (exec.ErrDot) is refused for the same reason as "./build.sh".
-func resolveCommand(command string) (string, error) {
-	if filepath.IsAbs(command) {
-		return command, nil
-	}
-	path, err := exec.LookPath(command)
-	if err != nil {
-		return "", Permanentf("shell: cannot start %s: %w", command, err)
-	}
-	return path, nil
-}
-
 func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error) {
 	tailBytes := cfg.TailBytes
-	path, err := resolveCommand(p.Command)
-	if err != nil {
-		return ShellOutput{ExitCode: -1}, err
-	}
-	cmd := exec.CommandContext(ctx, path, p.Args...)
-	cmd.Args[0] = p.Command // the name the program sees, as before
+	// exec looks a bare name up with this agent's own PATH, before Dir
+	// applies; one found only through a relative PATH entry (exec.ErrDot)
+	// is refused below, as "./build.sh" is (checkCommandPath).
+	cmd := exec.CommandContext(ctx, p.Command, p.Args...)
 	cmd.Dir = p.Dir
 	cmd.Env = commandEnv(p.Env)
 	stdout, stderr := newTail(tailBytes), newTail(tailBytes)
@@ -231,7 +215,7 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	// A child that inherited the pipes must not keep us waiting after the
 	// command was killed.
 	cmd.WaitDelay = time.Second
-	err = cmd.Run()
+	err := cmd.Run()
 	out := ShellOutput{
 		ExitCode:   cmd.ProcessState.ExitCode(), // -1 when it did not start or was killed
 		StdoutTail: stdout.String(),
@@ -243,7 +227,7 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 		return out, nil
 	case ctx.Err() != nil:
 		return out, fmt.Errorf("shell: %s killed: %w", p.Command, context.Cause(ctx))
-	case errors.Is(err, exec.ErrNotFound), errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, exec.ErrDot), errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
 		return out, Permanentf("shell: cannot start %s: %w", p.Command, err)
 	}
 	var exitErr *exec.ExitError
