@@ -61,12 +61,6 @@ func (l *lease) held() (uint64, bool) {
 	return l.epoch, true
 }
 
-func (l *lease) getTTL() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.ttl
-}
-
 // renewEvery is how long the holder may wait before its next renewal: a
 // third of the shorter of the TTL its last write carried and the TTL
 // configured now, so that a lease_duration shortened or lengthened
@@ -81,13 +75,16 @@ func (l *lease) renewEvery() time.Duration {
 	return d / 3
 }
 
-func (l *lease) setTTL(d time.Duration) {
+// setTTL sets the lease's TTL, at most the bucket's, and returns the TTL
+// it set.
+func (l *lease) setTTL(d time.Duration) time.Duration {
 	if l.bucketTTL > 0 && d > l.bucketTTL {
 		d = l.bucketTTL
 	}
 	l.mu.Lock()
 	l.ttl = d
 	l.mu.Unlock()
+	return d
 }
 
 // acquire tries to create the key. It returns false, nil when another

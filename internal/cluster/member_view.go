@@ -129,15 +129,12 @@ func (m *Member) Accept(epoch uint64, target string) error {
 	}
 	switch v.Mode {
 	case protocol.ModeActivePassive:
-		le, ok := m.lease.held()
-		if !ok {
+		// View read the lease and the term's epoch once already.
+		if !v.IsLeader {
 			return ErrNotLeader
 		}
-		m.mu.Lock()
-		le = m.termEpochLocked(le)
-		m.mu.Unlock()
-		if epoch != le {
-			return fmt.Errorf("%w: task epoch %d, leader epoch %d", ErrStaleEpoch, epoch, le)
+		if epoch != v.Epoch {
+			return fmt.Errorf("%w: task epoch %d, leader epoch %d", ErrStaleEpoch, epoch, v.Epoch)
 		}
 		return nil
 	case protocol.ModeSharded:

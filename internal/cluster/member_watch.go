@@ -56,8 +56,7 @@ func (m *Member) apply(e watch.Event) {
 			return
 		}
 		m.def = &d
-		m.lease.setTTL(d.Election.LeaseDuration.Std())
-		if got := m.lease.getTTL(); got < d.Election.LeaseDuration.Std() {
+		if got := m.lease.setTTL(d.Election.LeaseDuration.Std()); got < d.Election.LeaseDuration.Std() {
 			m.log.Warn().Stringer("lease_duration", d.Election.LeaseDuration).Stringer("used", got).
 				Msg("lease_duration is above the leases bucket's TTL (the supervisor's lease_ttl): using the bucket's")
 		}

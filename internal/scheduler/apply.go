@@ -42,7 +42,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 			}
 			if delayed {
 				w.s.replyTo(jt, *in, protocol.SubmitReply{JobID: in.job})
-				jt.settle[k].term = "delayed: released onto its submit subject when due"
+				jt.settle[k].term = "delayed: held in WARDEN_DELAY, submitted again when due"
 				continue
 			}
 		}

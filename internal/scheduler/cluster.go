@@ -19,9 +19,9 @@ const rerouteDelay = 250 * time.Millisecond
 // chooseCluster picks the member of a step's cluster that takes it and the
 // cluster epoch its task carries (docs/clusters.md): the leader
 // (active_passive), the target's owner (sharded), or the best-scored
-// healthy member (active_active, score as selection.Score over the
-// members' presence). The member must still be eligible in the selector
-// (present, offering the action, not draining, with a free slot).
+// healthy member (active_active, by the selector's PeekScore). The member
+// must still be eligible in the selector (present, offering the action,
+// not draining, with a free slot).
 func (s *Scheduler) chooseCluster(st *jobstore.Step) (protocol.Presence, uint64, error) {
 	d, err := s.router.Route(st.Cluster, st.Target)
 	if err != nil {
@@ -59,7 +59,7 @@ func (s *Scheduler) chooseCluster(st *jobstore.Step) (protocol.Presence, uint64,
 		// from the heartbeat alone, a burst all went to the member that
 		// last reported itself idle, and a degraded member ranked as a
 		// healthy one.
-		_, sc, err := s.selector.PeekScore(req(key))
+		sc, err := s.selector.PeekScore(req(key))
 		if err != nil {
 			lastErr = err
 			continue

@@ -132,7 +132,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		}
 		if ok, at, why := w.admit(jt, i, now); !ok {
 			// A concurrency key or rate limit holds the step back; a
-			// freed slot wakes the job sooner (releaseGates). Until it
+			// freed slot wakes the job sooner (releaseGates, giveBackSlots). Until it
 			// passes, it does not hold back lower work.
 			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)

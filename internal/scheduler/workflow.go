@@ -294,8 +294,8 @@ func (w *worker) giveBack(jt *jobTurn, i int) {
 	}
 }
 
-// releaseGates gives back step i's concurrency slots once it no longer
-// runs (its result arrived, or it was never dispatched after all), and
+// releaseGates gives back step i's concurrency slots once its result
+// arrived (a dispatch that did not land gives its own back: giveBackSlots), and
 // wakes the jobs whose steps the freed slots now belong to.
 func (w *worker) releaseGates(jt *jobTurn, i int) {
 	sp := &jt.js.job.Spec

@@ -236,21 +236,21 @@ func (s *Selector) Peek(req Request) (protocol.Presence, error) {
 	return s.choose(req, false)
 }
 
-// PeekScore is Peek with the score the score strategy would give the
-// agent now: its success rate, its load counting this selector's own
+// PeekScore is the score the score strategy would give the agent Peek
+// would return now: its success rate, its load counting this selector's own
 // assignments since its last heartbeat, and its health factor. Routing
 // among a fixed set of agents (an active-active cluster's members) uses
 // it; their last heartbeats alone would send a whole burst to the one that
 // last reported itself idle.
-func (s *Selector) PeekScore(req Request) (protocol.Presence, float64, error) {
+func (s *Selector) PeekScore(req Request) (float64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, err := s.decide(req, false)
 	if err != nil {
-		return protocol.Presence{}, 0, err
+		return 0, err
 	}
 	c := s.candidate(e)
-	return e.p, c.score(), nil
+	return c.score(), nil
 }
 
 func (s *Selector) choose(req Request, commit bool) (protocol.Presence, error) {

@@ -355,7 +355,7 @@ func TestPeekScoreCountsAssignmentsAndHealth(t *testing.T) {
 	s.Observe(b)
 	score := func(id string) float64 {
 		t.Helper()
-		_, sc, err := s.PeekScore(selection.Request{Pool: "p", Action: "echo", Agent: id})
+		sc, err := s.PeekScore(selection.Request{Pool: "p", Action: "echo", Agent: id})
 		if err != nil {
 			t.Fatal(err)
 		}
