@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,6 +36,12 @@ type Update struct {
 // A job that does not exist yet is waited for: a submission is accepted
 // before the scheduler writes the record. Bound the wait with ctx.
 func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)) (*Job, error) {
+	return c.follow(ctx, jobID, onUpdate, nil)
+}
+
+// follow is Follow; while the job has no record it also calls poll (if
+// set) every rejectionPoll, and ends with poll's error.
+func (c *Client) follow(ctx context.Context, jobID string, onUpdate func(Update), poll func(context.Context) error) (*Job, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, fmt.Errorf("job %q: %w", jobID, ErrNotFound)
 	}
@@ -54,10 +59,24 @@ func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)
 
 	f := follower{steps: map[string]*Step{}}
 	initial := true
+	var tick <-chan time.Time
+	if poll != nil {
+		t := time.NewTicker(rejectionPoll)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return f.job, fmt.Errorf("following job %s: %w", jobID, ctx.Err())
+		case <-tick:
+			if f.job != nil {
+				tick = nil // it has a record: nothing left to poll for
+				continue
+			}
+			if err := poll(ctx); err != nil {
+				return nil, err
+			}
 		case e, ok := <-w.Updates():
 			if !ok {
 				return f.job, fmt.Errorf("following job %s: %w", jobID, ErrWatchClosed)
@@ -163,56 +182,28 @@ const rejectionPoll = time.Second
 // otherwise follow, forever, a job the scheduler later refused. A caller
 // that may not read WARDEN_EVENTS follows as Follow does.
 func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(Update)) (*Job, error) {
-	if r.Sequence == 0 || !r.StartsAt.IsZero() {
-		// No stream sequence to match, or a delayed submission (released
-		// later as another message): Follow alone.
-		return c.Follow(ctx, r.JobID, onUpdate)
+	if r.Sequence == 0 {
+		return c.Follow(ctx, r.JobID, onUpdate) // no stream sequence to match
 	}
-	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var seen atomic.Bool // the job has a record: no rejection to look for
-	type result struct {
-		job *Job
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		job, err := c.Follow(fctx, r.JobID, func(u Update) {
-			if u.Job != nil {
-				seen.Store(true)
+	var events jetstream.Stream // looked up once
+	return c.follow(ctx, r.JobID, onUpdate, func(ctx context.Context) error {
+		if events == nil {
+			s, err := c.js.Stream(ctx, protocol.StreamEvents)
+			if err != nil {
+				return nil // no events to read (no permission): Follow alone
 			}
-			if onUpdate != nil {
-				onUpdate(u)
-			}
-		})
-		done <- result{job, err}
-	}()
-	tick := time.NewTicker(rejectionPoll)
-	defer tick.Stop()
-	for {
-		select {
-		case res := <-done:
-			return res.job, res.err
-		case <-tick.C:
-			if seen.Load() {
-				continue
-			}
-			if rej := c.rejectionOf(fctx, r); rej != nil {
-				cancel()
-				<-done
-				return nil, rej
-			}
+			events = s
 		}
-	}
+		if rej := rejectionOf(ctx, events, r); rej != nil {
+			return rej
+		}
+		return nil
+	})
 }
 
 // rejectionOf returns the scheduler's rejection of submission r, if there
 // is one it can read.
-func (c *Client) rejectionOf(ctx context.Context, r Receipt) *RejectedError {
-	s, err := c.js.Stream(ctx, protocol.StreamEvents)
-	if err != nil {
-		return nil
-	}
+func rejectionOf(ctx context.Context, s jetstream.Stream, r Receipt) *RejectedError {
 	m, err := s.GetLastMsgForSubject(ctx, protocol.EventSubject(protocol.EventSubmissionRejected, r.JobID))
 	if err != nil {
 		return nil
