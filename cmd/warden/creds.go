@@ -44,6 +44,9 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 				fmt.Fprintf(a.stdout, "  %-32s %s\n", id, m.Users[id])
 			}
 			fmt.Fprintf(a.stdout, "server config: %s\n", creds.ServerConfPath(dir))
+			for _, id := range m.Reissued {
+				fmt.Fprintf(a.stderr, "reissued %s: its key was revoked, so it has a new one; give its holder the new credential\n", id)
+			}
 			return nil
 		},
 	}

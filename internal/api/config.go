@@ -50,8 +50,8 @@ type Token struct {
 	TokenFile string `yaml:"token_file"`
 }
 
-// Redacted is c with inline token secrets and URL passwords replaced, for
-// --print-config.
+// Redacted is c with inline token secrets replaced, for --print-config
+// (which redacts the NATS URL itself, as for every process).
 func (c Config) Redacted() Config {
 	c.Tokens = append([]Token(nil), c.Tokens...)
 	for i := range c.Tokens {

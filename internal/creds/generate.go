@@ -228,12 +228,12 @@ func MintAgent(dir, pool, id string, rotate bool) (string, error) {
 	return path, saveManifest(dir, m)
 }
 
-// Rotate replaces a fixed role's credential with a new key and revokes the
-// old one (auth.conf is rewritten: reload the servers, then restart the
-// processes that use the role).
 // ErrUnknownIdentity: the manifest lists no credential of that name.
 var ErrUnknownIdentity = errors.New("unknown identity")
 
+// Rotate replaces a fixed role's credential with a new key and revokes the
+// old one (auth.conf is rewritten: reload the servers, then restart the
+// processes that use the role).
 func Rotate(dir, role string) (string, error) {
 	m, err := loadManifest(dir)
 	if err != nil {

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/wardenhq/warden/internal/natsconn"
 )
 
 // child is one running binary.
@@ -59,18 +62,16 @@ func (c *child) describe() string {
 }
 
 // childEnv is the environment of every child: ours, pointed at the
-// embedded server. NATS_CREDS is dropped because the embedded server has no
-// authentication and a user's credentials would be refused.
-// natsEnv are the variables natsconn reads.
-var natsEnv = map[string]bool{"NATS_URL": true, "NATS_CREDS": true, "NATS_CA": true, "NATS_INBOX_PREFIX": true}
-
+// embedded server. The NATS variables natsconn reads are dropped: the
+// embedded server has no authentication (a user's credentials would be
+// refused) and no TLS.
 func childEnv(url string, consoleLogs bool) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		// The NATS settings a user exported describe another server: a CA
 		// makes the children demand TLS of the plaintext embedded one, an
 		// inbox prefix is a production identity's.
-		if name, _, _ := strings.Cut(kv, "="); natsEnv[name] {
+		if name, _, _ := strings.Cut(kv, "="); slices.Contains(natsconn.EnvVars, name) {
 			continue
 		}
 		env = append(env, kv)

@@ -32,7 +32,10 @@ type Options struct {
 	Name string `yaml:"-"`
 }
 
-// WithEnv fills empty fields from NATS_URL and NATS_CREDS, then defaults.
+// EnvVars are the environment variables WithEnv reads.
+var EnvVars = []string{"NATS_URL", "NATS_CREDS", "NATS_CA", "NATS_INBOX_PREFIX"}
+
+// WithEnv fills empty fields from EnvVars, then defaults.
 func (o Options) WithEnv() Options {
 	if o.URL == "" {
 		o.URL = os.Getenv("NATS_URL")
@@ -52,11 +55,11 @@ func (o Options) WithEnv() Options {
 	return o
 }
 
-// PingInterval and MaxPingsOut bound how long a connection to a server
-// that stopped answering lives: about PingInterval × (MaxPingsOut + 1).
+// pingInterval and maxPingsOut bound how long a connection to a server
+// that stopped answering lives: about pingInterval × (maxPingsOut + 1).
 const (
-	PingInterval = 5 * time.Second
-	MaxPingsOut  = 3
+	pingInterval = 5 * time.Second
+	maxPingsOut  = 3
 )
 
 // Connect opens a connection and a JetStream context.
@@ -78,8 +81,8 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 		// partition) is noticed in seconds, not nats.go's default of two
 		// pings two minutes apart: until then the process sits on a dead
 		// connection while its presence expires and its work is moved.
-		nats.PingInterval(PingInterval),
-		nats.MaxPingsOutstanding(MaxPingsOut),
+		nats.PingInterval(pingInterval),
+		nats.MaxPingsOutstanding(maxPingsOut),
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
