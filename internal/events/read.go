@@ -172,30 +172,21 @@ func deleteConsumer(ctx context.Context, s jetstream.Stream, cons jetstream.Cons
 	_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
 }
 
-// tail keeps the last limit events added (0: all).
+// tail keeps the last limit events added (0: all). Cut from the front, the
+// slice's next growth copies only what it keeps: memory stays O(limit).
 type tail struct {
 	limit int
 	buf   []protocol.Event
-	next  int // where the next event goes once buf is full
 }
 
 func newTail(limit int) *tail { return &tail{limit: limit} }
 
 func (t *tail) add(e protocol.Event) {
-	if t.limit == 0 || len(t.buf) < t.limit {
-		t.buf = append(t.buf, e)
-		return
+	t.buf = append(t.buf, e)
+	if t.limit > 0 && len(t.buf) > t.limit {
+		t.buf = t.buf[len(t.buf)-t.limit:]
 	}
-	t.buf[t.next] = e
-	t.next = (t.next + 1) % t.limit
 }
 
 // events returns the events kept, oldest first.
-func (t *tail) events() []protocol.Event {
-	if len(t.buf) == 0 {
-		return nil
-	}
-	out := make([]protocol.Event, 0, len(t.buf))
-	out = append(out, t.buf[t.next:]...)
-	return append(out, t.buf[:t.next]...)
-}
+func (t *tail) events() []protocol.Event { return t.buf }
