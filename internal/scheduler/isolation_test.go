@@ -13,6 +13,7 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 	"github.com/wardenhq/warden/test/handagent"
 )
 
@@ -94,4 +95,50 @@ func (b *bundle) waitJobWithin(t *testing.T, id string, want jobstore.JobState, 
 		return j.State == want
 	})
 	return job
+}
+
+// Jobs waiting for a pool with no agents cannot stall a partition for the
+// other pools: more of them than the partition consumer's max_ack_pending
+// (4,096) are submitted first, then one job for a pool that has an agent.
+func TestJobsWaitingForAnAbsentPoolDoNotStallThePartition(t *testing.T) {
+	t.Parallel()
+	srv, nc, js := natstest.Start(t, streams.Options{Partitions: 1})
+	store, err := jobstore.Open(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	b.startScheduler(t, scheduler.Config{Partitions: 1})
+	handagent.Start(t, b.js, "default", "present-1", nil)
+	const waiting = 4200
+	var acks []jetstream.PubAckFuture
+	for i := range waiting {
+		id := fmt.Sprintf("job-gpu-%04d", i)
+		f, err := b.js.PublishAsync(protocol.SubmitSubject(id), []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no PubAck for a submission")
+		}
+	}
+	// The last of them is stored waiting: every one before it was taken.
+	natstest.Eventually(t, 60*time.Second, "the last gpu job stored, waiting", func() bool {
+		j, _, err := b.store.Job(context.Background(), fmt.Sprintf("job-gpu-%04d", waiting-1))
+		return err == nil && j.State != jobstore.JobSucceeded
+	})
+	b.submitNoReply(t, []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`), "job-default")
+	b.waitJobWithin(t, "job-default", jobstore.JobSucceeded, 20*time.Second)
+	// Held or not, every waiting job starts when its pool's agents come.
+	handagent.Start(t, b.js, "gpu", "gpu-1", nil)
+	for i := range waiting {
+		b.waitJobWithin(t, fmt.Sprintf("job-gpu-%04d", i), jobstore.JobSucceeded, 60*time.Second)
+	}
 }

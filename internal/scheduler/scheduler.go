@@ -45,6 +45,7 @@ type Scheduler struct {
 	clusterTurn atomic.Uint32
 	gates       gates   // concurrency keys and rate limits (workflow.go)
 	backlog     backlog // steps waiting for capacity, by priority (priority.go)
+	holds       *holds  // messages held for waiting jobs, by partition (holds.go)
 }
 
 // Option customises a Scheduler.
@@ -78,8 +79,12 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Scheduler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scheduler config: selection: %w", err)
 	}
+	h, err := newHolds(cfg.Partitions)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
 	s := &Scheduler{cfg: cfg, retry: rc, nc: nc, js: js, log: zerolog.Nop(), metrics: NopMetrics{}, now: time.Now,
-		selector: sel}
+		selector: sel, holds: h}
 	for _, o := range opts {
 		o(s)
 	}

@@ -230,6 +230,7 @@ func (w *worker) takeHeld(id string) []jetstream.Msg {
 	held := wt.held
 	wt.held = nil
 	w.waiting[id] = wt
+	w.s.holds.give(id, len(held))
 	return held
 }
 
@@ -237,10 +238,11 @@ func (w *worker) takeHeld(id string) []jetstream.Msg {
 // stops, so that the scheduler taking its partition has them at once
 // rather than after the ack wait.
 func (w *worker) handBackHeld() {
-	for _, wt := range w.waiting {
+	for id, wt := range w.waiting {
 		for _, m := range wt.held {
 			_ = m.Nak()
 		}
+		w.s.holds.give(id, len(wt.held))
 	}
 }
 
@@ -576,7 +578,15 @@ func (w *worker) finish(jt *jobTurn) {
 					wt.extended = in.at
 				}
 			}
-			wt.held = append(wt.held, msgs...)
+			if w.s.holds.take(jt.id, len(msgs)) {
+				wt.held = append(wt.held, msgs...)
+			} else {
+				// The partition holds its budget already (holds.go): the
+				// record says what the job waits for; memory wakes it.
+				for _, m := range msgs {
+					_ = m.Ack()
+				}
+			}
 			w.waiting[jt.id] = wt
 			return
 		}
