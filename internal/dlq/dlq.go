@@ -227,11 +227,12 @@ func reopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 				// Evaluate skips it again if another dependency still failed.
 				s.State, s.FinishedAt, s.LastError, s.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
 			case s.State.Terminal() && !job.Inline:
-				// Written as it is, for its retention TTL to run from now: it
-				// ran from when the step ended, and a job reopened near its
+				// Written as it is, without the retention TTL its job's end
+				// gave it (jobstore.StepWrite): a job reopened near its
 				// retention lost its succeeded steps' records while it ran
 				// again (the scheduler then took them for steps never
-				// created, and ran them again).
+				// created, and ran them again). The job's next end gives it
+				// back.
 			default:
 				continue
 			}

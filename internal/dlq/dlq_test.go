@@ -232,11 +232,12 @@ func TestReopenOfACompensatedJobIsRefused(t *testing.T) {
 	}
 }
 
-// A step record's retention TTL runs from when the step ended, while its
-// job may run again: reopened (dlq retry, job retry) near the end of its
-// retention, the job lost its succeeded steps' records mid-run. Reopening
-// writes them again, so their retention runs from then. Retention 3 s
-// here; a job stored beside it, not reopened, shows when the old TTL ends.
+// A finished job's step records carry the retention TTL from the job's
+// end, while the job may run again: reopened (dlq retry, job retry) near
+// the end of its retention, the job lost its succeeded steps' records
+// mid-run. Reopening writes them again without it, until the job's next
+// end. Retention 3 s here; a job stored beside it, not reopened, shows
+// when the old TTL ends.
 func TestReopenRenewsTheRetentionOfTheJobsEndedSteps(t *testing.T) {
 	t.Parallel()
 	_, _, js := natstest.Start(t, streams.Options{})
@@ -260,9 +261,13 @@ func TestReopenRenewsTheRetentionOfTheJobsEndedSteps(t *testing.T) {
 		if _, err := store.CreateJob(ctx, job); err != nil {
 			t.Fatal(err)
 		}
+		b := store.Batch() // as the scheduler writes them when the job ends
 		for _, st := range steps {
-			if _, err := store.CreateStep(ctx, st); err != nil {
-				t.Fatal(err)
+			b.Add(store.EndedStepWrite(st, 0))
+		}
+		for _, r := range b.Wait(ctx) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
 			}
 		}
 	}

@@ -47,7 +47,9 @@ func (s *Store) JobWrite(j *Job, rev uint64) Write {
 	return Write{Key: key, Rev: rev, Msg: m}
 }
 
-// StepWrite encodes st as a write of step.<job>.<step>.
+// StepWrite encodes st as a write of step.<job>.<step>. It carries no TTL,
+// finished or not: a step's record must outlive its job, however long the
+// job stays open (see EndedStepWrite).
 func (s *Store) StepWrite(st *Step, rev uint64) Write {
 	key := protocol.StepKey(st.JobID, st.ID)
 	m := s.newMsg(key, rev)
@@ -56,11 +58,20 @@ func (s *Store) StepWrite(st *Step, rev uint64) Write {
 	if st.State == StepDispatched {
 		setLease(m, st.LockedUntil)
 	}
-	if st.State.Terminal() {
-		s.setTTL(m)
-	}
 	m.Data = appendStep(make([]byte, 0, 768), st)
 	return Write{Key: key, Rev: rev, Msg: m}
+}
+
+// EndedStepWrite is StepWrite for a step of a job that has ended: the
+// record gets the retention TTL, which thus runs from the job's end, as
+// the job record's does. Given at each step's own end, as before, it let
+// the record of a step that finished early expire while its job still ran
+// (a job open longer than the retention), and a scheduler reading the job
+// then took the step for one never created and ran it again.
+func (s *Store) EndedStepWrite(st *Step, rev uint64) Write {
+	w := s.StepWrite(st, rev)
+	s.setTTL(w.Msg)
+	return w
 }
 
 func (s *Store) newMsg(key string, rev uint64) *nats.Msg {

@@ -95,7 +95,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		w.s.metrics.JobFinished(string(js.job.State))
 		w.s.logFinished(js.job)
 	}
-	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
+	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store, jt.finished)
 }
 
 // load builds a job's state: from the first input's spec for a new job

@@ -78,7 +78,9 @@ type Config struct {
 	// 1 disables the limit. Defaults to 0.5.
 	MaxJobShare float64 `yaml:"max_job_share"`
 	// Retention is how long a finished job's records are kept (a per-record
-	// TTL on its terminal write). 0 keeps them forever. Defaults to 168h.
+	// TTL, written on every record of the job when it ends). At least 1s
+	// (the server's smallest TTL); a negative value keeps them forever.
+	// Defaults to 168h.
 	Retention protocol.Duration `yaml:"retention"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to ":9101".
 	MetricsAddr string `yaml:"metrics_addr"`
@@ -188,6 +190,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("workers must be at least 1, got %d", c.Workers)
 	case c.Partitions < 1 || c.Partitions > 1024:
 		return fmt.Errorf("partitions must be between 1 and 1024, got %d", c.Partitions)
+	case c.Retention > 0 && c.Retention.Std() < time.Second:
+		// The server refuses a smaller Nats-TTL: no job could finish.
+		return fmt.Errorf("retention must be at least 1s (or negative: kept forever), got %s", c.Retention.Std())
 	case c.GCPercent < -1:
 		return fmt.Errorf("gc_percent must be -1 (off) or positive, got %d", c.GCPercent)
 	case c.MaxJobShare < 0 || c.MaxJobShare > 1:

@@ -244,16 +244,28 @@ func (js *jobState) anyStarted() bool {
 // the idempotency guard), and a job's terminal record is written after its
 // steps' (it is the completion signal, so it never runs ahead of them).
 // idx names what each write is: a step's index, or -1 for the job record.
-func (js *jobState) writes(st *jobstore.Store) (first, second []jobstore.Write, idx1, idx2 []int) {
+//
+// ended says the job ended in this turn: every step record is written
+// again, with the retention TTL (jobstore.EndedStepWrite), so that the
+// records are kept for the retention from the job's end and not a moment
+// longer; until then they have none.
+func (js *jobState) writes(st *jobstore.Store, ended bool) (first, second []jobstore.Write, idx1, idx2 []int) {
 	var steps []jobstore.Write
 	var sidx []int
-	if !js.job.Inline {
+	switch {
+	case js.job.Inline:
+	case ended:
+		for i := range js.steps {
+			sidx = append(sidx, i)
+			steps = append(steps, st.EndedStepWrite(js.steps[i], js.revs[i]))
+		}
+	default:
 		for i := range js.dirtySteps {
 			sidx = append(sidx, i)
 			steps = append(steps, st.StepWrite(js.steps[i], js.revs[i]))
 		}
-		clear(js.dirtySteps)
 	}
+	clear(js.dirtySteps)
 	var job []jobstore.Write
 	if js.dirtyJob {
 		if js.job.Inline {
