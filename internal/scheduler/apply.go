@@ -85,7 +85,9 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	}
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
-	if js.settle(now) {
+	if js.open == 0 && !js.job.State.Terminal() && !js.seal() {
+		jt.more = true // sealing goes on in a later turn; the job ends then
+	} else if js.settle(now) {
 		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {
 			ev := protocol.Event{Kind: protocol.EventJobCompensationEnded, ID: js.job.ID, JobID: js.job.ID,
 				Reason: js.job.Error, Data: map[string]string{"state": string(st)}}
@@ -95,7 +97,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		w.s.metrics.JobFinished(string(js.job.State))
 		w.s.logFinished(js.job)
 	}
-	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store, jt.finished)
+	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
 }
 
 // load builds a job's state: from the first input's spec for a new job

@@ -2,10 +2,10 @@ package scheduler_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -22,7 +22,7 @@ import (
 func TestRetentionRunsFromTheJobsEnd(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := scheduler.Config{Retention: protocol.Duration(2 * time.Second)}
+	cfg := scheduler.Config{Retention: protocol.Duration(5 * time.Second)}
 	ctx, cancel := context.WithCancel(context.Background())
 	nc1, _ := b.srv.Connect(t)
 	first := runScheduler(ctx, t, nc1, cfg)
@@ -64,14 +64,43 @@ func TestRetentionRunsFromTheJobsEnd(t *testing.T) {
 	}
 	// Once the job has ended, its steps' records expire with it.
 	for _, step := range []string{"a", "b"} {
-		m, err := b.js.Conn().Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+"."+"$KV."+protocol.BucketJobs+"."+protocol.StepKey("job-long", step), nil, 5*time.Second)
+		m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+".$KV."+protocol.BucketJobs+"."+protocol.StepKey("job-long", step), nil, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ttl := m.Header.Get("Nats-TTL"); ttl == "" {
-			t.Errorf("step %s of the finished job has no TTL: %v", step, headers(m))
+		if ttl := m.Header.Get("Nats-TTL"); ttl != "5s" {
+			t.Errorf("step %s of the finished job: Nats-TTL %q, want 5s", step, ttl)
 		}
 	}
 }
 
-func headers(m *nats.Msg) nats.Header { return m.Header }
+// A job of more steps than one turn seals (writes again with the
+// retention TTL) ends only once every step record carries the TTL.
+func TestEndedJobsStepRecordsAllCarryTheRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	handagent.Start(t, b.js, "default", "seal-1", nil)
+	var sb strings.Builder
+	sb.WriteString(`{"name":"wide","steps":[`)
+	const n = 150 // more than two slices of 64
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(",")
+		}
+		fmt.Fprintf(&sb, `{"id":"s%03d","action":"echo"}`, i)
+	}
+	sb.WriteString("]}")
+	b.submitNoReply(t, []byte(sb.String()), "job-wide")
+	b.waitJob(t, "job-wide", jobstore.JobSucceeded)
+	for i := range n {
+		subject := "$KV." + protocol.BucketJobs + "." + protocol.StepKey("job-wide", fmt.Sprintf("s%03d", i))
+		m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+"."+subject, nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get("Nats-TTL") != jobstore.DefaultRetention.String() {
+			t.Fatalf("step s%03d of the ended job: Nats-TTL %q, want %s", i, m.Header.Get("Nats-TTL"), jobstore.DefaultRetention)
+		}
+	}
+}
