@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/wardenhq/warden/internal/cluster"
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -95,12 +98,21 @@ func (a *app) clusterCommand() *cobra.Command {
 // withCluster opens the cluster store and runs f within --timeout.
 func (a *app) withCluster(ctx context.Context, f func(context.Context, *cluster.Store) error) error {
 	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
-		st, err := cluster.Open(ctx, c.JetStream())
+		st, err := openCluster(ctx, c.JetStream())
 		if err != nil {
-			return &exitError{code: exitUnavailable, err: err}
+			return err
 		}
 		return f(ctx, st)
 	})
+}
+
+// openCluster opens the cluster store; a failure is exit 4.
+func openCluster(ctx context.Context, js jetstream.JetStream) (*cluster.Store, error) {
+	st, err := cluster.Open(ctx, js)
+	if err != nil {
+		return nil, &exitError{code: exitUnavailable, err: err}
+	}
+	return st, nil
 }
 
 func clusterErr(err error) error {
@@ -350,10 +362,15 @@ func targetsText(ts []string) string {
 	return fmt.Sprintf("%s,... (%d)", strings.Join(ts[:3], ","), len(ts))
 }
 
-// clusterRequest asks the cluster's leader for an operation and waits
-// until it is handled.
+// clusterRequest asks the cluster's leader for an operation, waits until
+// it is handled and reports what the leader did: a request it refused (a
+// failover to a member that cannot take over) is an error, exit 2.
 func (a *app) clusterRequest(ctx context.Context, name string, r protocol.ClusterRequest) error {
-	return a.withCluster(ctx, func(ctx context.Context, st *cluster.Store) error {
+	return a.withClient(ctx, func(ctx context.Context, c *client.Client) error {
+		st, err := openCluster(ctx, c.JetStream())
+		if err != nil {
+			return err
+		}
 		id, err := st.Request(ctx, name, r)
 		if err != nil {
 			return clusterErr(err)
@@ -361,11 +378,50 @@ func (a *app) clusterRequest(ctx context.Context, name string, r protocol.Cluste
 		if err := st.WaitHandled(ctx, name, id); err != nil {
 			return &exitError{code: exitUnavailable, err: err}
 		}
-		if a.json {
-			return writeJSON(a.stdout, map[string]string{"request": id, "op": r.Op, "cluster": name, "status": "handled"})
+		ev, recorded, err := requestOutcome(ctx, c.JetStream(), id)
+		if err != nil {
+			return &exitError{code: exitUnavailable, err: fmt.Errorf("%s of cluster %s handled by its leader (request %s), but its outcome could not be read: %w", r.Op, name, id, err)}
 		}
-		fmt.Fprintf(a.stdout, "%s of cluster %s handled by its leader (request %s); see `warden failovers ls --cluster %s` and `warden cluster show %s`\n",
-			r.Op, name, id, name, name)
+		by := ev.Data["handled_by"]
+		if why := ev.Data["refused"]; why != "" {
+			return ops.Errorf(ops.CodeRejected, "%s of cluster %s refused by its leader %s: %s (request %s)", r.Op, name, by, why, id)
+		}
+		if a.json {
+			out := map[string]string{"request": id, "op": r.Op, "cluster": name, "status": "handled"}
+			if by != "" {
+				out["handled_by"] = by
+			}
+			return writeJSON(a.stdout, out)
+		}
+		by = strings.TrimSpace("its leader " + by)
+		fmt.Fprintf(a.stdout, "%s of cluster %s handled by %s (request %s); see `warden failovers ls --cluster %s` and `warden cluster show %s`\n",
+			r.Op, name, by, id, name, name)
+		if !recorded {
+			fmt.Fprintf(a.stderr, "warning: the leader recorded no %s event for request %s: check `warden cluster show %s`\n",
+				protocol.EventClusterRequest, id, name)
+		}
 		return nil
 	})
+}
+
+// requestOutcome reads the event the leader publishes about a request it
+// handled, before it deletes the request (internal/cluster, Member.step):
+// Data["refused"] says why it did not carry it out. recorded is false when
+// there is none (the leader's publish failed).
+func requestOutcome(ctx context.Context, js jetstream.JetStream, id string) (ev protocol.Event, recorded bool, err error) {
+	s, err := js.Stream(ctx, protocol.StreamEvents)
+	if err != nil {
+		return ev, false, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, protocol.EventSubject(protocol.EventClusterRequest, id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return ev, false, nil
+	}
+	if err != nil {
+		return ev, false, err
+	}
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return ev, false, fmt.Errorf("decode %s event: %w", protocol.EventClusterRequest, err)
+	}
+	return ev, true, nil
 }

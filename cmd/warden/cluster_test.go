@@ -25,6 +25,22 @@ const clusterYAML = `agent_cluster:
   config: {image: v1}
 `
 
+// startMembers runs cluster members p.<id> in process until the test ends.
+func startMembers(t *testing.T, e env, name string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		m, err := cluster.NewMember(context.Background(), e.js, cluster.MemberConfig{Cluster: name, Pool: "p", ID: id,
+			Interval: 200 * time.Millisecond, Stagger: 100 * time.Millisecond, StartedAt: time.Now(), Logger: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = m.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+}
+
 func TestClusterCommands(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -46,17 +62,7 @@ func TestClusterCommands(t *testing.T) {
 	}
 
 	// Two members, in process.
-	for _, id := range []string{"a", "b"} {
-		m, err := cluster.NewMember(context.Background(), e.js, cluster.MemberConfig{Cluster: "prod-docker", Pool: "p", ID: id,
-			Interval: 200 * time.Millisecond, Stagger: 100 * time.Millisecond, StartedAt: time.Now(), Logger: zerolog.Nop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = m.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
-	}
+	startMembers(t, e, "prod-docker", "a", "b")
 	var st protocol.ClusterState
 	natstest.Eventually(t, 10*time.Second, "leader and standby", func() bool {
 		r := w("", "--json", "cluster", "show", "prod-docker")
@@ -128,5 +134,47 @@ func TestClusterCommands(t *testing.T) {
 	evs := w("", "--json", "cluster", "ls")
 	if strings.TrimSpace(evs.stdout) != "[]" {
 		t.Fatalf("ls after delete: %q", evs.stdout)
+	}
+}
+
+// cluster failover --to a member that cannot take over (a typo) is refused
+// by the leader, which keeps leading; the CLI printed that the failover
+// was "handled" and exited 0. It says the leader refused it and why, and
+// exits 2 (with --json: code "rejected" on stderr).
+func TestClusterFailoverRefusedExits2(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	w := func(args ...string) result {
+		return warden(t, clusterYAML, append([]string{"--server", e.url}, args...)...)
+	}
+	if r := w("cluster", "create", "-f", "-"); r.code != exitOK {
+		t.Fatalf("create: %+v", r)
+	}
+	startMembers(t, e, "prod-docker", "a")
+	leader := func() string {
+		r := w("--json", "cluster", "show", "prod-docker")
+		var v clusterView
+		if r.code != exitOK || json.Unmarshal([]byte(r.stdout), &v) != nil || v.State == nil {
+			return ""
+		}
+		return v.State.Leader
+	}
+	natstest.Eventually(t, 10*time.Second, "p.a leads", func() bool { return leader() == "p.a" })
+
+	r := w("cluster", "failover", "prod-docker", "--to", "p.typo")
+	t.Logf("warden cluster failover prod-docker --to p.typo: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	if r.code != exitUsage || !strings.Contains(r.stderr, "refused") || !strings.Contains(r.stderr, "p.typo: not a member of the cluster") ||
+		strings.Contains(r.stdout, "handled") {
+		t.Errorf("refused failover: exit %d, stdout %q, stderr %q; want exit %d naming the refusal", r.code, r.stdout, r.stderr, exitUsage)
+	}
+
+	r = w("--json", "cluster", "failover", "prod-docker", "--to", "p.typo")
+	var fail jsonError
+	if err := json.Unmarshal([]byte(r.stderr), &fail); err != nil || r.code != exitUsage || fail.Code != "rejected" || fail.ExitCode != exitUsage ||
+		!strings.Contains(fail.Error, "not a member") || r.stdout != "" {
+		t.Errorf("refused failover --json: exit %d, stdout %q, stderr %q (%v)", r.code, r.stdout, r.stderr, err)
+	}
+	if l := leader(); l != "p.a" {
+		t.Errorf("leader after refused failovers: %q, want p.a", l)
 	}
 }

@@ -39,6 +39,10 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			if err != nil {
 				return credsError(err)
 			}
+			if a.json {
+				return writeJSON(a.stdout, credsInitResult{Dir: dir, Operator: m.Operator, Account: m.Account, TaskShards: m.TaskShards,
+					TLS: m.TLS, Users: m.Users, ServerConfig: creds.ServerConfPath(dir), Reissued: nonNil(m.Reissued)})
+			}
 			fmt.Fprintf(a.stdout, "operator %s, account %s (task_shards %d, tls %v)\n", m.Operator, m.Account, m.TaskShards, m.TLS)
 			for _, id := range m.Identities() {
 				fmt.Fprintf(a.stdout, "  %-32s %s\n", id, m.Users[id])
@@ -73,11 +77,11 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			if err != nil {
 				return credsError(err)
 			}
-			fmt.Fprintln(a.stdout, path)
+			res := credsResult{Identity: creds.AgentIdentity(pool, id), Cluster: cluster, Path: path}
 			if rotate {
-				fmt.Fprintln(a.stderr, "the old credential is revoked in server/auth.conf: reload the servers (nats-server --signal reload)")
+				res.Revoked, res.Note = true, noteReload
 			}
-			return nil
+			return a.printCreds(res)
 		},
 	}
 	agentCmd.Flags().StringVar(&pool, "pool", "default", "the agent's pool")
@@ -92,9 +96,8 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			if err != nil {
 				return credsError(err)
 			}
-			fmt.Fprintln(a.stdout, path)
-			fmt.Fprintln(a.stderr, "the old credential is revoked in server/auth.conf: reload the servers, then restart the processes using it")
-			return nil
+			return a.printCreds(credsResult{Identity: args[0], Path: path, Revoked: true,
+				Note: "the old credential is revoked in server/auth.conf: reload the servers, then restart the processes using it"})
 		},
 	}
 	revokeCmd := &cobra.Command{
@@ -103,8 +106,7 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 			if err := creds.Revoke(dir, args[0]); err != nil {
 				return credsError(err)
 			}
-			fmt.Fprintln(a.stderr, "revoked in server/auth.conf: reload the servers (nats-server --signal reload)")
-			return nil
+			return a.printCreds(credsResult{Identity: args[0], Revoked: true, Note: "revoked in server/auth.conf: reload the servers (nats-server --signal reload)"})
 		},
 	}
 	var shards int
@@ -150,6 +152,9 @@ they do.`,
 			if err := streams.EnsureWorkflow(ctx, c.JetStream(), o); err != nil {
 				return natsconn.Explain(c.JetStream().Conn(), since, err)
 			}
+			if a.json {
+				return writeJSON(a.stdout, setupResult{Status: "up_to_date", Replicas: o.Replicas, TaskShards: o.TaskShards, Partitions: o.Partitions})
+			}
 			fmt.Fprintln(a.stdout, "streams and buckets are up to date")
 			return nil
 		},
@@ -161,6 +166,64 @@ they do.`,
 	f.DurationVar(&o.PresenceTTL, "presence-ttl", 0, "presence bucket TTL (default streams/kv_presence.json)")
 	f.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "leases bucket TTL (default streams/kv_leases.json)")
 	return cmd
+}
+
+// noteReload is what to do after a credential was revoked.
+const noteReload = "the old credential is revoked in server/auth.conf: reload the servers (nats-server --signal reload)"
+
+// credsInitResult is the --json form of creds init.
+type credsInitResult struct {
+	Dir          string            `json:"dir"`
+	Operator     string            `json:"operator"`
+	Account      string            `json:"account"`
+	TaskShards   int               `json:"task_shards"`
+	TLS          bool              `json:"tls"`
+	Users        map[string]string `json:"users"` // identity → user public key
+	ServerConfig string            `json:"server_config"`
+	// Reissued: identities given a new key because theirs was revoked;
+	// their holders need the new credential.
+	Reissued []string `json:"reissued"`
+}
+
+// credsResult is the --json form of creds agent, rotate and revoke.
+type credsResult struct {
+	Identity string `json:"identity"`
+	Cluster  string `json:"cluster,omitempty"`
+	// Path is the credential written (none for revoke).
+	Path string `json:"path,omitempty"`
+	// Revoked: an old credential was revoked, so the servers need a reload.
+	Revoked bool   `json:"revoked"`
+	Note    string `json:"note,omitempty"`
+}
+
+// printCreds prints the credential's path on stdout and the note on
+// stderr, or with --json both as one document on stdout.
+func (a *app) printCreds(r credsResult) error {
+	if a.json {
+		return writeJSON(a.stdout, r)
+	}
+	if r.Path != "" {
+		fmt.Fprintln(a.stdout, r.Path)
+	}
+	if r.Note != "" {
+		fmt.Fprintln(a.stderr, r.Note)
+	}
+	return nil
+}
+
+// setupResult is the --json form of setup.
+type setupResult struct {
+	Status     string `json:"status"` // "up_to_date"
+	Replicas   int    `json:"replicas"`
+	TaskShards int    `json:"task_shards"`
+	Partitions int    `json:"partitions"`
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 func splitList(s string) []string {

@@ -70,7 +70,7 @@ shorter of 1m and the interval).`,
 				if a.json {
 					return writeJSON(a.stdout, map[string]any{"name": d.Name, "next": next})
 				}
-				fmt.Fprintf(a.stdout, "schedule %s added; next tick %s (%s)\n", d.Name, timestamp(next), until(next, time.Now()))
+				fmt.Fprintf(a.stdout, "schedule %s added; next tick %s (%s)\n", d.Name, tickTime(next, tz), until(next, time.Now()))
 				return nil
 			})
 		},
@@ -128,6 +128,19 @@ shorter of 1m and the interval).`,
 	}
 	cmd.AddCommand(add, ls, rm)
 	return cmd
+}
+
+// tickTime renders a tick in RFC 3339 in the schedule's zone (tz, UTC when
+// empty): the hour its cron expression names, with the offset that makes
+// it one instant wherever it is read.
+func tickTime(t time.Time, tz string) string {
+	loc := time.UTC
+	if tz != "" {
+		if l, err := time.LoadLocation(tz); err == nil { // validated before
+			loc = l
+		}
+	}
+	return t.In(loc).Format(time.RFC3339)
 }
 
 // withSchedules connects and opens the schedules stream. It never creates

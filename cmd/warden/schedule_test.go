@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wardenhq/warden/streams"
 )
@@ -82,5 +83,61 @@ func TestScheduleCommandsLeaveTheStreamAlone(t *testing.T) {
 	}
 	if info.Config.Description != "as the operator's setup left it" || info.Config.Metadata[streams.MetadataConfigHash] != "set-up-elsewhere" {
 		t.Fatalf("schedule ls rewrote %s: %q %v", streams.StreamSchedules, info.Config.Description, info.Config.Metadata)
+	}
+}
+
+// schedule add printed the next tick in the machine's local time with no
+// zone ("2026-11-24 03:00:00"): a reader could not tell which 3 AM. It is
+// printed in RFC 3339 in the schedule's own zone (UTC unless --tz), the
+// instant `schedule ls --json` reports.
+func TestScheduleAddPrintsNextTickWithZone(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if err := streams.EnsureWorkflow(context.Background(), e.js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := "name: report\nsteps: [{id: a, action: echo}]\n"
+	for _, c := range []struct {
+		name string
+		tz   []string
+		loc  *time.Location
+	}{
+		{"utc", nil, time.UTC},
+		{"ny", []string{"--tz", "America/New_York"}, ny},
+	} {
+		r := warden(t, spec, append([]string{"schedule", "add", c.name, "--cron", "0 3 * * *", "--server", e.url}, c.tz...)...)
+		const prefix = "next tick "
+		i := strings.Index(r.stdout, prefix)
+		if r.code != exitOK || i < 0 {
+			t.Fatalf("add %s: exit %d, %q %q", c.name, r.code, r.stdout, r.stderr)
+		}
+		text := strings.Fields(r.stdout[i+len(prefix):])[0]
+		printed, err := time.Parse(time.RFC3339, text)
+		if err != nil {
+			t.Errorf("add %s: next tick %q has no zone: %v (stdout %q)", c.name, text, err, r.stdout)
+			continue
+		}
+		// 03:00 in the schedule's zone, with that zone's offset then.
+		_, want := printed.In(c.loc).Zone()
+		if _, got := printed.Zone(); printed.Hour() != 3 || printed.Minute() != 0 || got != want {
+			t.Errorf("add %s: next tick %s, want 03:00 at offset %ds", c.name, text, want)
+		}
+		r = warden(t, "", "schedule", "ls", "--json", "--server", e.url)
+		var list []struct {
+			Name string    `json:"name"`
+			Next time.Time `json:"next"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
+			t.Fatalf("ls --json: %v %s", err, r.stdout)
+		}
+		for _, s := range list {
+			if s.Name == c.name && !s.Next.Equal(printed) {
+				t.Errorf("add %s printed %s; ls says the tick is %s", c.name, text, s.Next.Format(time.RFC3339))
+			}
+		}
 	}
 }
