@@ -3,7 +3,9 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -24,7 +26,26 @@ type ErrorDetail struct {
 	Status int `json:"status"`
 	// Reason refines invalid_argument for job specs (spec.Reason*).
 	Reason string `json:"reason,omitempty"`
+	// Reopened lists the steps a job retry reopened before it failed
+	// (POST /jobs/{id}/retry): they run again; the others were not
+	// reopened.
+	Reopened []string `json:"reopened,omitempty"`
 }
+
+// partialRetryError is a job retry that reopened some steps and then
+// failed. Its code is its cause's.
+type partialRetryError struct {
+	job      string
+	reopened []string
+	err      error
+}
+
+func (e *partialRetryError) Error() string {
+	return fmt.Sprintf("job %s: reopened %s (a scheduler was asked to run them), then the retry failed: %v",
+		e.job, strings.Join(e.reopened, ", "), e.err)
+}
+
+func (e *partialRetryError) Unwrap() error { return e.err }
 
 // writeError writes err in the error shape with its code's status.
 func writeError(w http.ResponseWriter, err error) {
@@ -40,7 +61,12 @@ func writeError(w http.ResponseWriter, err error) {
 	if code == ops.CodeUnauthenticated {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="warden"`)
 	}
-	writeJSON(w, st, ErrorBody{Error: ErrorDetail{Code: code, Message: err.Error(), Status: st, Reason: spec.ReasonOf(err)}})
+	d := ErrorDetail{Code: code, Message: err.Error(), Status: st, Reason: spec.ReasonOf(err)}
+	var pr *partialRetryError
+	if errors.As(err, &pr) {
+		d.Reopened = pr.reopened
+	}
+	writeJSON(w, st, ErrorBody{Error: d})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -128,13 +129,16 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.CreatedAfter = s.now().Add(-d)
 	}
-	for name, dst := range map[string]*time.Time{"created_after": &f.CreatedAfter, "created_before": &f.CreatedBefore} {
-		if v := q.Get(name); v != "" {
-			t, err := time.Parse(time.RFC3339Nano, v)
-			if err != nil {
-				return ops.Errorf(ops.CodeInvalid, "%s %q: want an RFC 3339 time", name, v)
-			}
-			*dst = t
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"created_after", &f.CreatedAfter}, {"created_before", &f.CreatedBefore}} {
+		t, err := timeParam(q, p.name)
+		if err != nil {
+			return err
+		}
+		if !t.IsZero() {
+			*p.dst = t
 		}
 	}
 	p, err := s.ops.ListJobs(r.Context(), f)
@@ -164,9 +168,23 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// retryJob reopens a finished job's failed, dead-lettered and cancelled
+// steps. ops.RetryJob asks a scheduler to advance the job only when every
+// step reopened; a retry that fails part-way (some steps reopened, then an
+// error) is kicked here as well, so the reopened steps run now rather than
+// after the supervisor's grace period, and its error lists them
+// (ErrorDetail.Reopened).
 func (s *Server) retryJob(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	steps, err := s.ops.RetryJob(r.Context(), id)
+	if err != nil && len(steps) > 0 {
+		// The request's own deadline may be what stopped the retry: the
+		// kick gets a context of its own (Kick bounds it).
+		if s.nc != nil {
+			dlq.Kick(context.WithoutCancel(r.Context()), s.nc, id)
+		}
+		return &partialRetryError{job: id, reopened: steps, err: err}
+	}
 	if err != nil {
 		return err
 	}
@@ -329,6 +347,29 @@ func limitParam(r *http.Request, def int) (int, error) {
 		return 0, ops.Errorf(ops.CodeInvalid, "limit %q: want 0 (all) to 10000", v)
 	}
 	return n, nil
+}
+
+// timeParam reads the query parameter name as an RFC 3339 time; the zero
+// time if it is absent. A URL's query decodes + to a space, so a time
+// written into a URL as it is, its offset's + unencoded
+// (created_after=2026-11-27T10:00:00+01:00), arrives as
+// "2026-11-27T10:00:00 01:00". A single space is read as that +: an RFC
+// 3339 time has a + nowhere but in its offset, so the repaired value
+// parses only if the space stood for the offset's sign.
+func timeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil && strings.Count(v, " ") == 1 {
+		t, err = time.Parse(time.RFC3339Nano, strings.Replace(v, " ", "+", 1))
+	}
+	if err != nil {
+		return time.Time{}, ops.Errorf(ops.CodeInvalid,
+			"%s %q: want an RFC 3339 time such as 2026-11-27T10:00:00Z or 2026-11-27T10:00:00+01:00", name, v)
+	}
+	return t, nil
 }
 
 func letterID(r *http.Request) (uint64, error) {
