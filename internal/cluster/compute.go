@@ -17,6 +17,11 @@ import (
 type Observed struct {
 	Report protocol.ClusterMemberReport
 	Alive  bool
+	// Unseen is true for a member counted alive only because the leader
+	// cannot trust its view of the reports yet (after a gap, see sight):
+	// its report is stale or missing, and the previous state had it
+	// taking part. It keeps its place; nothing is handed to it.
+	Unseen bool
 }
 
 // Input is everything the leader decides the next state from.
@@ -297,7 +302,7 @@ func transitions(def protocol.ClusterDefinition, prev, next protocol.ClusterStat
 			switch {
 			case prev.Handoff == next.Leader && prev.Handoff != "":
 				why = "manual failover"
-			case why == "" && in.Members[prev.Leader].Alive:
+			case why == "" && in.Members[prev.Leader].Alive && !in.Members[prev.Leader].Unseen:
 				why = "stepped down"
 			case why == "":
 				why = "lease lost"

@@ -27,4 +27,8 @@
 //     that left or joined.
 //   - A member's copy of the sync state converges to the leader's within one
 //     sync interval of it being able to read the bucket.
+//   - The leader takes nobody's place away for not reporting until its view
+//     of the reports has been fresh for one failure threshold after a gap
+//     (a reconnect, a re-sync, its first read): "I could not see" is not
+//     "it is gone" (sight.go).
 package cluster

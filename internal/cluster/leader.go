@@ -276,6 +276,12 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	}
 	m.mu.Unlock()
 	sort.Slice(reqs, func(i, j int) bool { return reqs[i].RequestedAt.Before(reqs[j].RequestedAt) })
+	if !m.sight.clear(m.cfg.Now(), def.Membership.FailureThreshold.Std()) {
+		// The view had a gap (a reconnect, a re-sync, a first read) less
+		// than a failure threshold ago: a stale report may be one this
+		// member could not see. Nobody loses its place for it yet.
+		members = holdUnseen(prev, members)
+	}
 
 	// Every KV and event call is bounded well inside the lease: a stalled
 	// one (JetStream waits 5 s by default) must not keep the leader from
@@ -447,7 +453,7 @@ func handoffRefusal(prev protocol.ClusterState, members map[string]Observed, to 
 	switch {
 	case !ok:
 		return "not a member of the cluster"
-	case !o.Alive:
+	case !o.Alive || o.Unseen:
 		return "not reporting"
 	case o.Report.Draining:
 		return "draining"
@@ -467,7 +473,7 @@ func handoffRefusal(prev protocol.ClusterState, members map[string]Observed, to 
 func (m *Member) bestStandby(prev protocol.ClusterState, members map[string]Observed) string {
 	var reps []protocol.ClusterMemberReport
 	for k, o := range members {
-		if o.Alive && k != m.key {
+		if o.Alive && !o.Unseen && k != m.key {
 			reps = append(reps, o.Report)
 		}
 	}

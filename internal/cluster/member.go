@@ -78,6 +78,7 @@ type Member struct {
 	leases jetstream.KeyValue
 	key    string
 	lease  *lease
+	sight  *sight
 	log    zerolog.Logger
 	wake   chan struct{}
 
@@ -155,6 +156,7 @@ func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*
 	m := &Member{
 		cfg: cfg, js: js, store: st, leases: leases, key: key,
 		lease: l,
+		sight: newSight(js.Conn()),
 		log:   cfg.Logger.With().Str("cluster", cfg.Cluster).Logger(),
 		wake:  make(chan struct{}, 1), reports: map[string]seen{}, requests: map[string]protocol.ClusterRequest{},
 		ready: make(chan struct{}), stopped: make(chan struct{}),
@@ -221,6 +223,7 @@ func (m *Member) reportLoop(ctx context.Context) {
 	var lastSync time.Time
 	for {
 		m.writeReport(ctx)
+		m.sight.poll(m.cfg.Now()) // date a reconnect close to when it happened
 		m.mu.Lock()
 		interval := DefaultSyncInterval
 		if m.def != nil {

@@ -16,6 +16,7 @@ func (m *Member) watchCluster(ctx context.Context) error {
 	name := m.cfg.Cluster
 	w := watch.ForKV(m.js, m.store.kv, watch.Config{Keys: []string{name, name + ".>"}, Logger: m.log,
 		Synced: func(bool) {
+			m.sight.synced(m.cfg.Now())
 			select {
 			case <-m.ready:
 			default:
@@ -23,6 +24,7 @@ func (m *Member) watchCluster(ctx context.Context) error {
 			}
 			m.notify()
 		}})
+	m.sight.watching(w)
 	return w.Run(ctx, func(e watch.Event) {
 		m.apply(e)
 		if !e.Initial {
