@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -126,7 +127,12 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 				js.markStep(i)
 			}
 		}
-		if w.s.behind(holder, st.Pool, prio, now) {
+		class := slotClass{agent: st.Agent, action: st.Action, requires: st.Requires, unknown: st.Cluster != ""}
+		var peek func() (protocol.Presence, error) // the agent the step would get
+		if st.Cluster == "" {
+			peek = func() (protocol.Presence, error) { return w.s.selector.Peek(w.s.request(st, "")) }
+		}
+		if w.s.behind(holder, st.Pool, class, prio, now, peek) {
 			behind() // before taking gates it would give back
 			continue
 		}
@@ -145,9 +151,9 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			continue
 		}
 		// The final look at the backlog and the choice are one (take).
-		agent, err := w.s.take(holder, st.Pool, prio, now, func() (protocol.Presence, error) {
+		agent, err := w.s.take(holder, st.Pool, class, prio, now, peek, func(on string) (protocol.Presence, error) {
 			if st.Cluster == "" {
-				return w.s.choose(st)
+				return w.s.selector.Choose(w.s.request(st, on))
 			}
 			// Through a cluster (cluster.go): the member's pool is the step's.
 			agent, epoch, err := w.s.chooseCluster(st)
@@ -266,11 +272,10 @@ func (w *worker) forgetArrived(jt *jobTurn) {
 	}
 }
 
-// choose picks an agent for a step.
-func (s *Scheduler) choose(st *jobstore.Step) (protocol.Presence, error) {
-	return s.selector.Choose(selection.Request{
-		Pool: st.Pool, Agent: st.Agent, Action: st.Action, Requires: st.Requires,
-	})
+// request is the selector's request for a step, on agent when set (the
+// one a look at the backlog allowed it), else on its pinned agent if any.
+func (s *Scheduler) request(st *jobstore.Step, agent string) selection.Request {
+	return selection.Request{Pool: st.Pool, Agent: cmp.Or(agent, st.Agent), Action: st.Action, Requires: st.Requires}
 }
 
 // release frees an agent's slot in the selector when its result arrives.

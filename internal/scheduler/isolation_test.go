@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 	"github.com/wardenhq/warden/test/handagent"
@@ -140,5 +143,49 @@ func TestJobsWaitingForAnAbsentPoolDoNotStallThePartition(t *testing.T) {
 	handagent.Start(t, b.js, "gpu", "gpu-1", nil)
 	for i := range waiting {
 		b.waitJobWithin(t, fmt.Sprintf("job-gpu-%04d", i), jobstore.JobSucceeded, 60*time.Second)
+	}
+}
+
+// A high-priority step waiting for agents that are all busy holds back
+// only the work that could use those agents: a low-priority step that
+// another, idle agent of the same pool can run starts at once. Before, any
+// higher step waiting for the pool held back every lower one, and the idle
+// agent stayed idle until the low step had aged past it (3 × aging).
+func TestHigherWorkHoldsBackOnlyTheAgentsItCouldUse(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{CapacityRetry: protocol.Duration(50 * time.Millisecond), PriorityAging: protocol.Duration(time.Hour)})
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	gpu := agenttest.StartAgent(t, b.nc, agent.Config{ID: "gpu-1", Pool: "default", MaxConcurrent: 1, Capabilities: []string{"gpu"}})
+	t.Cleanup(free) // before the agent stops: a held handler would hold its drain
+	gpu.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return "ok", nil
+	})
+	plain := agenttest.StartAgent(t, b.nc, agent.Config{ID: "plain-1", Pool: "default", MaxConcurrent: 1})
+	plain.Script(func(ctx context.Context, task *agent.Task) (any, error) { return "ok", nil })
+	b.submitNoReply(t, []byte(`{"name":"busy","steps":[{"id":"s","action":"echo","requires":["gpu"]}]}`), "job-busy")
+	natstest.Eventually(t, 10*time.Second, "the gpu agent busy", func() bool {
+		st, _, err := b.store.Job(context.Background(), "job-busy")
+		return err == nil && st.State == jobstore.JobRunning
+	})
+	b.submitNoReply(t, []byte(`{"name":"high","priority":"high","steps":[{"id":"s","action":"echo","requires":["gpu"]}]}`), "job-high")
+	natstest.Eventually(t, 10*time.Second, "the high step waiting for the gpu agent", func() bool {
+		j, _, err := b.store.Job(context.Background(), "job-high")
+		return err == nil && len(j.Steps) == 1 && j.Steps[0].Waiting != ""
+	})
+	b.submitNoReply(t, []byte(`{"name":"low","priority":"low","steps":[{"id":"s","action":"echo"}]}`), "job-low")
+	j := b.waitJobWithin(t, "job-low", jobstore.JobSucceeded, 10*time.Second)
+	if actor := j.Steps[0].Actor; actor != "plain-1" {
+		t.Fatalf("the low step ran on %s", actor)
+	}
+	free()
+	if h := b.waitJobWithin(t, "job-high", jobstore.JobSucceeded, 10*time.Second); h.Steps[0].Actor != "gpu-1" {
+		t.Fatalf("the high step ran on %s", h.Steps[0].Actor)
 	}
 }

@@ -23,6 +23,8 @@ package scheduler
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,21 +40,67 @@ import (
 const waitStale = 5 * time.Second
 
 // errBehind says a step did not compete for a slot: a step of higher
-// effective priority waits for its pool.
+// effective priority waits for an agent it would get.
 var errBehind = errors.New("behind higher-priority work")
 
 type waitEntry struct {
 	pool        string
+	class       slotClass
 	priority    spec.Priority
 	since, seen time.Time
 }
 
+// slotClass is what a step needs of an agent: one of its pool that offers
+// its action with every capability the step requires (and, pinned, the one
+// agent). A step is behind only the waiting work of higher priority that
+// could use the agent it would get: a high step waiting for busy gpu
+// agents held back every lower step of the pool before, and an idle agent
+// without a gpu stayed idle until they had aged past it (3 × aging).
+// unknown (a cluster step, whose member its router picks) fits every agent.
+type slotClass struct {
+	agent, action string
+	requires      []string
+	unknown       bool
+}
+
+func (c slotClass) key() string {
+	if c.unknown {
+		return "\x01"
+	}
+	return c.agent + "\x00" + c.action + "\x00" + strings.Join(c.requires, "\x00")
+}
+
+// fits reports whether a step of class c could run on p.
+func (c slotClass) fits(p *protocol.Presence) bool {
+	if c.unknown {
+		return true
+	}
+	if (c.agent != "" && p.ID != c.agent) || !slices.Contains(p.Actions, c.action) {
+		return false
+	}
+	for _, r := range c.requires {
+		if !slices.Contains(p.Capabilities, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// classWait counts the waiting steps of one class by base rank.
+type classWait struct {
+	class  slotClass
+	counts [4]int
+}
+
 // backlog is the steps of this scheduler waiting for agent capacity, with
-// counts per pool and base priority so that a dispatch checks in O(1).
+// counts per pool and base priority so that a dispatch checks in O(1), and
+// per class within the pool (few: the distinct actions and requirements
+// that wait) for the look at an agent when higher work waits.
 type backlog struct {
 	mu      sync.Mutex
-	entries map[string]*waitEntry // by holderID
-	counts  map[string]*[4]int    // pool → waiting steps by base rank
+	entries map[string]*waitEntry            // by holderID
+	counts  map[string]*[4]int               // pool → waiting steps by base rank
+	classes map[string]map[string]*classWait // pool → class key → waiting steps
 }
 
 // rank is a step's effective rank after waiting since since.
@@ -63,58 +111,79 @@ func (s *Scheduler) rank(p spec.Priority, since, now time.Time) int {
 func baseRank(p spec.Priority) int { return max(p.Rank(), 0) }
 
 // behind reports whether a step of higher priority than holder's (its
-// priority p, aged by its own wait) waits for pool; if so, holder is
-// registered as waiting too. Others are counted at their base priority:
-// aging lifts the one that waits, which is what keeps it from starving.
-func (s *Scheduler) behind(holder, pool string, p spec.Priority, now time.Time) bool {
+// priority p, aged by its own wait) waits for an agent of pool that holder
+// would get (peek names it; nil or an error: any higher step waiting for
+// the pool counts); if so, holder is registered as waiting too. Others are
+// counted at their base priority: aging lifts the one that waits, which is
+// what keeps it from starving.
+func (s *Scheduler) behind(holder, pool string, class slotClass, p spec.Priority, now time.Time,
+	peek func() (protocol.Presence, error)) bool {
 	b := &s.backlog
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !s.behindLocked(holder, pool, p, now) {
+	if _, ok := s.behindLocked(holder, pool, p, now, peek); !ok {
 		return false
 	}
-	b.waitLocked(holder, pool, p, now)
+	b.waitLocked(holder, pool, class, p, now)
 	return true
 }
 
-func (s *Scheduler) behindLocked(holder, pool string, p spec.Priority, now time.Time) bool {
+// behindLocked reports whether higher work waits for what holder would
+// get; if not, agent is the agent peek named when higher work waits for
+// the pool at all (the one holder may take), else "".
+func (s *Scheduler) behindLocked(holder, pool string, p spec.Priority, now time.Time,
+	peek func() (protocol.Presence, error)) (agent string, behind bool) {
 	b := &s.backlog
 	c := b.counts[pool]
 	if c == nil {
-		return false
+		return "", false
 	}
 	since := now
 	if e := b.entries[holder]; e != nil {
 		since = e.since
 	}
-	for r := s.rank(p, since, now) + 1; r < len(c); r++ {
-		if c[r] > 0 {
-			return true
+	from := s.rank(p, since, now) + 1
+	if !slices.ContainsFunc(c[min(from, len(c)):], func(n int) bool { return n > 0 }) {
+		return "", false
+	}
+	if peek == nil {
+		return "", true
+	}
+	a, err := peek()
+	if err != nil {
+		return "", true
+	}
+	for _, cw := range b.classes[pool] {
+		if slices.ContainsFunc(cw.counts[min(from, len(cw.counts)):], func(n int) bool { return n > 0 }) && cw.class.fits(&a) {
+			return "", true
 		}
 	}
-	return false
+	return a.ID, false
 }
 
 // take is a step's bid for a slot in pool: unless a step of higher
-// priority waits for the pool (errBehind), choose picks the agent. A step
-// that finds every agent at capacity, or is behind, is registered as
-// waiting; one that got an agent, or can wait for none of this pool's
-// slots (no agent offers its action), is not. All of it happens under the
-// backlog's lock, so no step of higher priority registers between a
-// step's look and its taking the slot. choose must not block (the
-// selector and the cluster router answer from memory).
-func (s *Scheduler) take(holder, pool string, p spec.Priority, now time.Time,
-	choose func() (protocol.Presence, error)) (protocol.Presence, error) {
+// priority waits for the agent it would get (errBehind), choose takes the
+// slot — on the agent peek named when higher work waits for the pool, so
+// that the step takes no agent that work could use. A step that finds
+// every agent at capacity, or is behind, is registered as waiting; one
+// that got an agent, or can wait for none of this pool's slots (no agent
+// offers its action), is not. All of it happens under the backlog's lock,
+// so no step of higher priority registers between a step's look and its
+// taking the slot. peek and choose must not block (the selector and the
+// cluster router answer from memory).
+func (s *Scheduler) take(holder, pool string, class slotClass, p spec.Priority, now time.Time,
+	peek func() (protocol.Presence, error), choose func(agent string) (protocol.Presence, error)) (protocol.Presence, error) {
 	b := &s.backlog
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s.behindLocked(holder, pool, p, now) {
-		b.waitLocked(holder, pool, p, now)
+	on, behind := s.behindLocked(holder, pool, p, now, peek)
+	if behind {
+		b.waitLocked(holder, pool, class, p, now)
 		return protocol.Presence{}, errBehind
 	}
-	agent, err := choose()
+	agent, err := choose(on)
 	if errors.Is(err, selection.ErrAtCapacity) {
-		b.waitLocked(holder, pool, p, now)
+		b.waitLocked(holder, pool, class, p, now)
 	} else {
 		b.forgetLocked(holder)
 	}
@@ -122,20 +191,41 @@ func (s *Scheduler) take(holder, pool string, p spec.Priority, now time.Time,
 }
 
 // waitLocked records that holder waits for capacity in pool.
-func (b *backlog) waitLocked(holder, pool string, p spec.Priority, now time.Time) {
+func (b *backlog) waitLocked(holder, pool string, class slotClass, p spec.Priority, now time.Time) {
 	if b.entries == nil {
-		b.entries, b.counts = map[string]*waitEntry{}, map[string]*[4]int{}
+		b.entries, b.counts, b.classes = map[string]*waitEntry{}, map[string]*[4]int{}, map[string]map[string]*classWait{}
 	}
 	e := b.entries[holder]
 	if e == nil {
-		e = &waitEntry{pool: pool, priority: p, since: now}
+		e = &waitEntry{pool: pool, class: class, priority: p, since: now}
 		b.entries[holder] = e
-		if b.counts[pool] == nil {
-			b.counts[pool] = &[4]int{}
-		}
-		b.counts[pool][baseRank(p)]++
+		b.countLocked(e, 1)
 	}
 	e.seen = now
+}
+
+// countLocked adds d to the counts of e's pool and class.
+func (b *backlog) countLocked(e *waitEntry, d int) {
+	r := baseRank(e.priority)
+	if b.counts[e.pool] == nil {
+		b.counts[e.pool] = &[4]int{}
+	}
+	b.counts[e.pool][r] += d
+	classes := b.classes[e.pool]
+	if classes == nil {
+		classes = map[string]*classWait{}
+		b.classes[e.pool] = classes
+	}
+	k := e.class.key()
+	cw := classes[k]
+	if cw == nil {
+		cw = &classWait{class: e.class}
+		classes[k] = cw
+	}
+	cw.counts[r] += d
+	if cw.counts == [4]int{} {
+		delete(classes, k)
+	}
 }
 
 // stopWaiting forgets holder: ended, or waiting for something other than
@@ -159,11 +249,10 @@ func (b *backlog) forgetLocked(holder string) (heldBack bool) {
 	if e == nil {
 		return false
 	}
-	c := b.counts[e.pool]
-	r := baseRank(e.priority)
-	c[r]--
+	b.countLocked(e, -1)
 	delete(b.entries, holder)
-	for lower := range r {
+	c := b.counts[e.pool]
+	for lower := range baseRank(e.priority) {
 		if c[lower] > 0 {
 			return true
 		}
@@ -216,7 +305,7 @@ func (s *Scheduler) arrived(in *input) {
 		if c == nil || *c == [4]int{} {
 			continue // no backlog in the pool: nothing to be ahead of
 		}
-		b.waitLocked(holderID(in.job, st.ID), pool, sp.StepPriority(st), in.at)
+		b.waitLocked(holderID(in.job, st.ID), pool, slotClass{agent: st.Agent, action: st.Action, requires: st.Requires}, sp.StepPriority(st), in.at)
 	}
 }
 
@@ -226,20 +315,16 @@ func (s *Scheduler) reportBacklog(now time.Time) {
 	b := &s.backlog
 	b.mu.Lock()
 	n := [4]int{}
-	counts := map[string]*[4]int{}
+	if b.entries != nil {
+		b.counts, b.classes = map[string]*[4]int{}, map[string]map[string]*classWait{}
+	}
 	for h, e := range b.entries {
 		if now.Sub(e.seen) > waitStale {
 			delete(b.entries, h)
 			continue
 		}
-		if counts[e.pool] == nil {
-			counts[e.pool] = &[4]int{}
-		}
-		counts[e.pool][baseRank(e.priority)]++
+		b.countLocked(e, 1)
 		n[baseRank(e.priority)]++
-	}
-	if b.entries != nil {
-		b.counts = counts
 	}
 	b.mu.Unlock()
 	for _, p := range spec.Priorities {
