@@ -169,20 +169,13 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 }
 
 // retryJob reopens a finished job's failed, dead-lettered and cancelled
-// steps. ops.RetryJob asks a scheduler to advance the job only when every
-// step reopened; a retry that fails part-way (some steps reopened, then an
-// error) is kicked here as well, so the reopened steps run now rather than
-// after the supervisor's grace period, and its error lists them
+// steps. A retry that fails part-way (some steps reopened, then an error)
+// has had those steps kicked by ops.RetryJob; its error lists them
 // (ErrorDetail.Reopened).
 func (s *Server) retryJob(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	steps, err := s.ops.RetryJob(r.Context(), id)
 	if err != nil && len(steps) > 0 {
-		// The request's own deadline may be what stopped the retry: the
-		// kick gets a context of its own (Kick bounds it).
-		if s.nc != nil {
-			dlq.Kick(context.WithoutCancel(r.Context()), s.nc, id)
-		}
 		return &partialRetryError{job: id, reopened: steps, err: err}
 	}
 	if err != nil {

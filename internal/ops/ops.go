@@ -80,7 +80,9 @@ func (o *Ops) WaitJob(ctx context.Context, jobID string, every time.Duration) (*
 }
 
 // RetryJob reopens a finished job's failed, dead-lettered and cancelled
-// steps with a fresh attempt budget (and the steps skipped because of them).
+// steps with a fresh attempt budget (and the steps skipped because of them),
+// and asks a scheduler to run them. A retry that fails part-way returns the
+// steps it did reopen with its error, and has asked for those to run.
 func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, Errorf(CodeNotFound, "job %q: not found", jobID)
@@ -104,6 +106,12 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 			continue
 		}
 		if err := dlq.Reopen(ctx, o.store, jobID, s.ID, o.now().UTC()); err != nil {
+			if len(reopened) > 0 {
+				// What was reopened runs now, not after the supervisor's
+				// grace; the caller's deadline may be what stopped the
+				// retry, so the kick has a context of its own (Kick bounds it).
+				dlq.Kick(context.WithoutCancel(ctx), o.nc, jobID)
+			}
 			return reopened, err
 		}
 		reopened = append(reopened, s.ID)
