@@ -174,6 +174,11 @@ func TestClusterFailoverRefusedExits2(t *testing.T) {
 		!strings.Contains(fail.Error, "not a member") || r.stdout != "" {
 		t.Errorf("refused failover --json: exit %d, stdout %q, stderr %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
+	// Without --to, and no other member to take over.
+	r = w("cluster", "failover", "prod-docker")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "no standby can take over") {
+		t.Errorf("failover with no standby: exit %d, stdout %q, stderr %q; want exit %d naming the refusal", r.code, r.stdout, r.stderr, exitUsage)
+	}
 	if l := leader(); l != "p.a" {
 		t.Errorf("leader after refused failovers: %q, want p.a", l)
 	}

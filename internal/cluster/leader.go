@@ -305,6 +305,13 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 				to := r.To
 				if to == "" {
 					to = m.bestStandby(prev, members)
+					if to == "" {
+						// Nobody could take over: the request was not
+						// carried out, and says so (the CLI exits 2).
+						refused[r.ID] = "no standby can take over (none alive, reporting and eligible)"
+						m.log.Warn().Str("request", r.ID).Msg("failover request refused: no eligible standby; keeping leadership")
+						continue
+					}
 				} else if why := handoffRefusal(prev, members, to); why != "" {
 					// Handing off to a member that cannot take over
 					// (a typo, gone, draining) would leave the cluster
