@@ -119,3 +119,28 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() boo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// PublishAll publishes msgs pipelined and waits for every PubAck, failing
+// the test on the first error or a PubAck missing after 30 s: a test's own
+// round trips then do not spread its submissions out.
+func PublishAll(t testing.TB, js jetstream.JetStream, msgs ...*nats.Msg) {
+	t.Helper()
+	acks := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, m := range msgs {
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatalf("publish %s: %v", m.Subject, err)
+		}
+		acks = append(acks, f)
+	}
+	timeout := time.After(30 * time.Second)
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish %s: %v", f.Msg().Subject, err)
+		case <-timeout:
+			t.Fatalf("no PubAck for %s in 30s", f.Msg().Subject)
+		}
+	}
+}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -40,28 +40,16 @@ func TestLargeJobDoesNotStallSmallOnes(t *testing.T) {
 	}
 	sb.WriteString("]}")
 	b.submitNoReply(t, []byte(sb.String()), "job-big")
-	// Submitted together: pipelined, then every PubAck awaited, so that the
-	// test's own round trips do not spread the submissions out.
+	// Submitted together (natstest.PublishAll), not spread out by the
+	// test's own round trips.
 	var small []string
-	var acks []jetstream.PubAckFuture
+	var msgs []*nats.Msg
 	for i := range 200 {
 		id := fmt.Sprintf("job-small-%03d", i)
 		small = append(small, id)
-		f, err := b.js.PublishAsync(protocol.SubmitSubject(id), []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		acks = append(acks, f)
+		msgs = append(msgs, &nats.Msg{Subject: protocol.SubmitSubject(id), Data: []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`)})
 	}
-	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("no PubAck for a submission")
-		}
-	}
+	natstest.PublishAll(t, b.js, msgs...)
 	big := b.waitJobWithin(t, "job-big", jobstore.JobSucceeded, 120*time.Second)
 	var last time.Time
 	for _, id := range small {
@@ -114,24 +102,12 @@ func TestJobsWaitingForAnAbsentPoolDoNotStallThePartition(t *testing.T) {
 	b.startScheduler(t, scheduler.Config{Partitions: 1})
 	handagent.Start(t, b.js, "default", "present-1", nil)
 	const waiting = 4200
-	var acks []jetstream.PubAckFuture
+	var msgs []*nats.Msg
 	for i := range waiting {
-		id := fmt.Sprintf("job-gpu-%04d", i)
-		f, err := b.js.PublishAsync(protocol.SubmitSubject(id), []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		acks = append(acks, f)
+		msgs = append(msgs, &nats.Msg{Subject: protocol.SubmitSubject(fmt.Sprintf("job-gpu-%04d", i)),
+			Data: []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`)})
 	}
-	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("no PubAck for a submission")
-		}
-	}
+	natstest.PublishAll(t, b.js, msgs...)
 	// The last of them is stored waiting: every one before it was taken.
 	natstest.Eventually(t, 60*time.Second, "the last gpu job stored, waiting", func() bool {
 		j, _, err := b.store.Job(context.Background(), fmt.Sprintf("job-gpu-%04d", waiting-1))

@@ -71,21 +71,16 @@ func startSchedulers(t *testing.T, b *bundle, n int, cfg scheduler.Config) {
 func publishJobs(t *testing.T, b *bundle, n int, prefix, body string) []string {
 	t.Helper()
 	var ids []string
+	var msgs []*nats.Msg
 	for i := range n {
 		id := fmt.Sprintf("%s-%04d", prefix, i)
 		ids = append(ids, id)
 		m := nats.NewMsg(protocol.SubmitSubject(id))
 		m.Data = []byte(body)
 		m.Header.Set(protocol.HeaderJobID, id)
-		if _, err := b.js.PublishMsgAsync(m); err != nil {
-			t.Fatal(err)
-		}
+		msgs = append(msgs, m)
 	}
-	select {
-	case <-b.js.PublishAsyncComplete():
-	case <-time.After(30 * time.Second):
-		t.Fatal("submissions not acknowledged")
-	}
+	natstest.PublishAll(t, b.js, msgs...)
 	return ids
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -44,25 +43,12 @@ func TestWaitingJobsPastTheHoldBudgetSurviveASchedulerKill(t *testing.T) {
 	first := procs.Start(t, "scheduler-1", bins["scheduler"], "--server", e.srv.URL, "--config", schedCfg)
 
 	const jobs = 2300 // the budget is 2,048
-	var acks []jetstream.PubAckFuture
+	var msgs []*nats.Msg
 	for i := range jobs {
-		m := nats.NewMsg(protocol.SubmitSubject(fmt.Sprintf("job-w%04d", i)))
-		m.Data = []byte(`{"name":"w","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`)
-		f, err := e.js.PublishMsgAsync(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		acks = append(acks, f)
+		msgs = append(msgs, &nats.Msg{Subject: protocol.SubmitSubject(fmt.Sprintf("job-w%04d", i)),
+			Data: []byte(`{"name":"w","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`)})
 	}
-	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("no PubAck for a submission")
-		}
-	}
+	natstest.PublishAll(t, e.js, msgs...)
 	natstest.Eventually(t, 60*time.Second, "every job stored, waiting for the gpu pool", func() bool {
 		for i := range jobs {
 			j, _, err := e.store.Job(context.Background(), fmt.Sprintf("job-w%04d", i))
