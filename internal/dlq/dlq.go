@@ -188,7 +188,10 @@ func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 		} else if err != nil {
 			return err
 		}
-		return reopenJob(ctx, store, jobID, now)
+		if err := ReopenJob(ctx, store, jobID, now); err != nil {
+			return fmt.Errorf("step %s.%s reopened, but not its job (retry the job to finish it): %w", jobID, stepID, err)
+		}
+		return nil
 	}
 	return jobstore.ErrConflict
 }
@@ -211,7 +214,12 @@ func refuseUndone(ctx context.Context, store *jobstore.Store, jobID string) erro
 	return nil
 }
 
-func reopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {
+// ReopenJob reopens the job of a reopened step: skipped steps pending
+// again, ended steps written again without their retention TTL, the job
+// running. Reopen calls it after the step; a reopen whose step landed and
+// whose job write did not left a finished job with a pending step, and a
+// job retry finishes it by calling this again (ops.RetryJob).
+func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {
 	for range 8 {
 		job, rev, err := store.Job(ctx, jobID)
 		if err != nil {

@@ -99,9 +99,13 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	var stranded []string // pending in a finished job: reopened by a retry that failed part-way
 	for _, s := range steps {
 		switch s.State {
 		case jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled:
+		case jobstore.StepPending:
+			stranded = append(stranded, s.ID)
+			continue
 		default:
 			continue
 		}
@@ -115,6 +119,14 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 			return reopened, err
 		}
 		reopened = append(reopened, s.ID)
+	}
+	if len(reopened) == 0 && len(stranded) > 0 {
+		// A retry that reopened these steps and then failed to reopen
+		// their job: finish it, or they would never run.
+		if err := dlq.ReopenJob(ctx, o.store, jobID, o.now().UTC()); err != nil {
+			return nil, err
+		}
+		reopened = stranded
 	}
 	if len(reopened) == 0 {
 		return nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", dlq.ErrWrongState, jobID)

@@ -301,3 +301,42 @@ func TestClusterChangedIsAConflict(t *testing.T) {
 		t.Fatalf("CodeOf(ErrChanged) = %s, want %s", c, ops.CodeConflict)
 	}
 }
+
+// A retry that reopened a step and then failed to reopen its job leaves a
+// finished job with a pending step, which nothing runs; the next retry of
+// the job finishes the reopening rather than saying there is nothing to
+// retry.
+func TestRetryFinishesAStrandedReopen(t *testing.T) {
+	t.Parallel()
+	_, nc, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo", DependsOn: []string{"a"}}}}
+	now := time.Now().UTC()
+	job := jobstore.NewJob("job-stranded", sp, now)
+	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, "step b failed", now
+	steps, err := jobstore.NewSteps(job.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, now // b: pending, reopened
+	if _, err := store.CreateJob(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reopened, err := ops.New(nc, store).RetryJob(ctx, job.ID)
+	if err != nil || len(reopened) != 1 || reopened[0] != "b" {
+		t.Fatalf("retry of a job with a stranded reopened step: %v, %v", reopened, err)
+	}
+	j, _, err := store.Job(ctx, job.ID)
+	if err != nil || j.State != jobstore.JobRunning {
+		t.Fatalf("job after the retry: %v %v", j.State, err)
+	}
+}
