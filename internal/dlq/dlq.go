@@ -248,10 +248,14 @@ func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 				return err
 			}
 		}
-		if !job.State.Terminal() && job.Desired == jobstore.JobSucceeded {
-			return nil
+		// Written even when the job is open: one whose steps had all ended
+		// may be writing its terminal record (sealing), and that write must
+		// lose its compare-and-set and read the reopened step, not end the
+		// job over it.
+		if job.State.Terminal() || job.Desired != jobstore.JobSucceeded {
+			job.State, job.Desired, job.Error, job.FinishedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}
 		}
-		job.State, job.Desired, job.Error, job.FinishedAt, job.UpdatedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}, now
+		job.UpdatedAt = now
 		if _, err := store.UpdateJob(ctx, job, rev); errors.Is(err, jobstore.ErrConflict) {
 			continue
 		} else if err != nil {

@@ -326,3 +326,44 @@ func TestParseID(t *testing.T) {
 		}
 	}
 }
+
+// A step reopened while its job is finishing (every step ended, the
+// scheduler writing the steps' records and then the job's) writes the job
+// record too: the scheduler's terminal write then loses its
+// compare-and-set and reads the reopened step. Before, the job record of
+// an open job was left alone, and the job could end over the step.
+func TestReopenWritesTheRecordOfAFinishingJob(t *testing.T) {
+	t.Parallel()
+	_, _, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spec.Job{Name: "f", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
+	now := time.Now().UTC()
+	job := jobstore.NewJob("job-finishing", sp, now)
+	job.State = jobstore.JobRunning
+	rev, err := store.CreateJob(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, err := jobstore.NewSteps(job.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, now
+	steps[1].Fail("boom", now)
+	for _, st := range steps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := dlq.Reopen(ctx, store, job.ID, "b", now); err != nil {
+		t.Fatal(err)
+	}
+	j, after, err := store.Job(ctx, job.ID)
+	if err != nil || after == rev || j.State != jobstore.JobRunning {
+		t.Fatalf("job record after a reopen while finishing: rev %d (was %d), state %v, %v", after, rev, j.State, err)
+	}
+}

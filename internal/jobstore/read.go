@@ -20,6 +20,9 @@ type entry struct {
 	key  string
 	rev  uint64
 	data []byte
+	// expiring says the record carries the retention TTL (Nats-TTL): a
+	// step record of a job that ended (EndedStepWrite).
+	expiring bool
 }
 
 const kvPrefix = "$KV." + protocol.BucketJobs + "."
@@ -124,7 +127,7 @@ func toEntry(m *nats.Msg) (entry, bool, error) {
 	if Removed(m.Header) {
 		return entry{}, false, nil
 	}
-	return entry{key: strings.TrimPrefix(subj, kvPrefix), rev: seq, data: m.Data}, true, nil
+	return entry{key: strings.TrimPrefix(subj, kvPrefix), rev: seq, data: m.Data, expiring: m.Header.Get(headerTTL) != ""}, true, nil
 }
 
 // maxBatchRecords is the most records one batched direct get returns
@@ -275,7 +278,7 @@ func (s *Store) lastByConsumer(ctx context.Context, filters []string) (map[strin
 		if Removed(m.Headers()) {
 			delete(out, key)
 		} else {
-			out[key] = entry{key: key, rev: md.Sequence.Stream, data: m.Data()}
+			out[key] = entry{key: key, rev: md.Sequence.Stream, data: m.Data(), expiring: m.Headers().Get(headerTTL) != ""}
 		}
 		if md.NumPending == 0 {
 			return out, nil
@@ -293,6 +296,9 @@ type Snapshot struct {
 	// Revs holds the revision of each step's record by step id (for an
 	// inline job, the job record's revision).
 	Revs map[string]uint64
+	// Expiring holds the steps whose records carry the retention TTL (the
+	// job ended, or is ending: EndedStepWrite).
+	Expiring map[string]bool
 }
 
 // Load reads a job and all its steps in one batched get (the job record
@@ -333,6 +339,12 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 		}
 		snap.Steps = append(snap.Steps, &st)
 		snap.Revs[st.ID] = e.rev
+		if e.expiring {
+			if snap.Expiring == nil {
+				snap.Expiring = map[string]bool{}
+			}
+			snap.Expiring[st.ID] = true
+		}
 	}
 	sort.Slice(snap.Steps, func(a, b int) bool { return order[snap.Steps[a].ID] < order[snap.Steps[b].ID] })
 	return snap, nil

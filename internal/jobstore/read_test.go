@@ -122,3 +122,33 @@ func TestCreateOverARemovedRecord(t *testing.T) {
 		t.Fatalf("create over a live record: %v", err)
 	}
 }
+
+// Load says which step records carry the retention TTL (a job that ended,
+// or is sealing its records before it ends), through both of its reads:
+// the batched get, and the consumer for jobs of more than 1,024 steps.
+func TestLoadSaysWhichStepRecordsExpire(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{3, 1100} {
+		st := storeJob(t, "job-exp", n, 0)
+		ctx := testCtx(t)
+		snap, err := st.Load(ctx, "job-exp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sealed := snap.Steps[1]
+		b := st.Batch()
+		b.Add(st.EndedStepWrite(sealed, snap.Revs[sealed.ID]))
+		for _, r := range b.Wait(ctx) {
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+		snap, err = st.Load(ctx, "job-exp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snap.Expiring) != 1 || !snap.Expiring[sealed.ID] {
+			t.Fatalf("%d steps: expiring %v, want only %s", n, snap.Expiring, sealed.ID)
+		}
+	}
+}

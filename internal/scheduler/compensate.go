@@ -74,6 +74,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 		js.byID[st.ID] = len(js.steps)
 		js.steps = append(js.steps, st)
 		js.revs = append(js.revs, js.strays[st.ID]) // 0 (create) unless a stray holds the key
+		js.expiring = append(js.expiring, false)
 	}
 	js.index(now)
 	for i := j.ForwardSteps; i < len(js.steps); i++ {

@@ -9,6 +9,8 @@ import (
 
 // holds counts, per partition, the messages this scheduler keeps
 // unacknowledged for jobs waiting for an agent or a slot (waiter.held).
+// Bare submissions (on warden.submit, through the consumer all schedulers
+// share, whose max_ack_pending no partition budget bounds) are never held.
 // Every one of them counts against its partition consumer's
 // max_ack_pending, and a consumer at its limit delivers nothing more: 4,096
 // jobs waiting for a pool with no agents stalled every other job of their

@@ -165,3 +165,32 @@ func TestHigherWorkHoldsBackOnlyTheAgentsItCouldUse(t *testing.T) {
 		t.Fatalf("the high step ran on %s", h.Steps[0].Actor)
 	}
 }
+
+// Bare submissions (on warden.submit) all come through one consumer that
+// every scheduler shares: held for jobs waiting for a pool with no agents,
+// 4,096 of them spread over the partitions stalled every later bare
+// submission, whatever its pool. They are never held.
+func TestBareSubmissionsWaitingForAnAbsentPoolDoNotStallOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	handagent.Start(t, b.js, "default", "present-1", nil)
+	const waiting = 4200
+	var msgs []*nats.Msg
+	for i := range waiting {
+		m := nats.NewMsg(protocol.SubjectSubmit)
+		m.Header.Set(protocol.HeaderJobID, fmt.Sprintf("job-bare-gpu-%04d", i))
+		m.Data = []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`)
+		msgs = append(msgs, m)
+	}
+	natstest.PublishAll(t, b.js, msgs...)
+	natstest.Eventually(t, 60*time.Second, "the last bare gpu job stored", func() bool {
+		_, _, err := b.store.Job(context.Background(), fmt.Sprintf("job-bare-gpu-%04d", waiting-1))
+		return err == nil
+	})
+	m := nats.NewMsg(protocol.SubjectSubmit)
+	m.Header.Set(protocol.HeaderJobID, "job-bare-default")
+	m.Data = []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`)
+	natstest.PublishAll(t, b.js, m)
+	b.waitJobWithin(t, "job-bare-default", jobstore.JobSucceeded, 20*time.Second)
+}

@@ -42,11 +42,13 @@ type jobState struct {
 	// which failed with "exists" on every reload: the job never moved.
 	strays map[string]uint64
 
-	// sealed counts the steps, in spec order, whose records are written
-	// with the retention TTL (or are being written in this turn): a job
-	// whose steps have all ended seals them, a slice a turn, before its
-	// terminal record is written (seal).
-	sealed int
+	// expiring[i] says step i's record carries the retention TTL (as read,
+	// or as this turn writes it): a job whose steps have all ended seals
+	// them, a slice a turn, before its terminal record is written (seal);
+	// nexpiring counts them, and sealed is where seal looks next.
+	expiring  []bool
+	nexpiring int
+	sealed    int
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
@@ -64,10 +66,15 @@ func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
 	}
 	js.steps = make([]*jobstore.Step, len(j.Spec.Steps))
 	js.revs = make([]uint64, len(j.Spec.Steps))
+	js.expiring = make([]bool, len(j.Spec.Steps))
 	for i, sp := range j.Spec.Steps {
 		js.byID[sp.ID] = i
 		js.steps[i] = have[sp.ID]
 		js.revs[i] = snap.Revs[sp.ID]
+		if snap.Expiring[sp.ID] {
+			js.expiring[i] = true
+			js.nexpiring++
+		}
 	}
 	for i, st := range js.steps {
 		if st == nil {
@@ -235,23 +242,47 @@ const sealSlice = 64
 // runs from the job's end for every record of it, however long the job
 // was open (jobstore.EndedStepWrite), and a step's record never expires
 // while its job can still read it. A turn marks at most sealSlice records
-// that it would not write anyway; done says every step is sealed, and the
-// job may end in this turn.
+// that it would not write anyway; records that carry the TTL already (a
+// reload reads which) are not written again. done says every step is
+// sealed, and the job may end in this turn.
 func (js *jobState) seal() (done bool) {
 	if js.job.Inline {
 		return true
 	}
 	extra := 0
 	for ; js.sealed < len(js.steps); js.sealed++ {
-		if !js.dirtySteps[js.sealed] {
+		i := js.sealed
+		if js.expiring[i] {
+			continue
+		}
+		if !js.dirtySteps[i] {
 			if extra == sealSlice {
 				return false
 			}
 			extra++
-			js.markStep(js.sealed)
+			js.markStep(i)
 		}
+		js.expiring[i], js.nexpiring = true, js.nexpiring+1
 	}
 	return true
+}
+
+// unseal takes the retention TTL back from the records of a job that has
+// steps open again (compensation started, a cancel with compensation or a
+// dlq retry came while it was sealing): they would expire while it runs,
+// and a finished step whose record is gone is taken for one never created
+// and run again.
+func (js *jobState) unseal() {
+	if js.nexpiring == 0 || js.open == 0 {
+		return
+	}
+	for i, e := range js.expiring {
+		if e {
+			js.expiring[i] = false
+			js.markStep(i)
+		}
+	}
+	js.nexpiring, js.sealed = 0, 0
 }
 
 // inFlight counts the job's dispatched steps.
@@ -287,7 +318,7 @@ func (js *jobState) writes(st *jobstore.Store) (first, second []jobstore.Write, 
 	if !js.job.Inline {
 		for i := range js.dirtySteps {
 			sidx = append(sidx, i)
-			if i < js.sealed {
+			if js.expiring[i] {
 				steps = append(steps, st.EndedStepWrite(js.steps[i], js.revs[i]))
 			} else {
 				steps = append(steps, st.StepWrite(js.steps[i], js.revs[i]))

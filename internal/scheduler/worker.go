@@ -578,12 +578,22 @@ func (w *worker) finish(jt *jobTurn) {
 					wt.extended = in.at
 				}
 			}
-			if w.s.holds.take(jt.id, len(msgs)) {
-				wt.held = append(wt.held, msgs...)
+			// A bare submission came through the consumer every scheduler
+			// shares, which the partitions' budgets do not bound: it is not
+			// held (holds.go), nor is anything past its partition's budget.
+			// The record says what the job waits for; memory wakes it.
+			keep := msgs[:0:0]
+			for _, m := range msgs {
+				if m.Subject() == protocol.SubjectSubmit {
+					_ = m.Ack()
+				} else {
+					keep = append(keep, m)
+				}
+			}
+			if w.s.holds.take(jt.id, len(keep)) {
+				wt.held = append(wt.held, keep...)
 			} else {
-				// The partition holds its budget already (holds.go): the
-				// record says what the job waits for; memory wakes it.
-				for _, m := range msgs {
+				for _, m := range keep {
 					_ = m.Ack()
 				}
 			}
@@ -593,6 +603,12 @@ func (w *worker) finish(jt *jobTurn) {
 		delete(w.waiting, jt.id)
 		for _, m := range msgs {
 			_ = m.NakWithDelay(jt.wait)
+		}
+		if len(msgs) == 0 {
+			// No message comes back then (its job's were acknowledged
+			// over the hold budget, or the turn answered an advance
+			// request): a timer does.
+			w.wakeAt(jt.id, w.s.now().Add(jt.wait))
 		}
 	default:
 		if jt.js != nil { // else the turn did not look at the job: its waiter stands

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
@@ -113,6 +114,12 @@ func markJobCancelled(ctx context.Context, store *jobstore.Store, jobID string, 
 	j := snap.Job
 	if j.State.Terminal() {
 		return nil, fmt.Errorf("%w: %s is %s", ErrFinished, jobID, j.State)
+	}
+	if len(snap.Steps) > 0 && !slices.ContainsFunc(snap.Steps, func(st *jobstore.Step) bool { return !st.State.Terminal() }) {
+		// Every step has ended and the scheduler is writing the job's end
+		// (its step records first): a cancel now would turn the outcome
+		// into cancelled, or undo finished work.
+		return nil, fmt.Errorf("%w: every step of %s has ended; the job is finishing", ErrFinished, jobID)
 	}
 	now := time.Now().UTC()
 	j.Desired, j.UpdatedAt = jobstore.JobCancelled, now

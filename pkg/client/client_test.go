@@ -221,3 +221,37 @@ func TestSubmitWithoutStreamsFails(t *testing.T) {
 		t.Fatalf("got %v, want ErrNoSubmitStream", err)
 	}
 }
+
+// A job whose steps have all ended is finishing (the scheduler writes its
+// steps' records, then its own): a cancel then is refused as for a
+// finished job. Accepted, it turned a job whose every step succeeded
+// into cancelled, or with compensation undid the finished work.
+func TestCancelOfAFinishingJobIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sp := spec.Job{Name: "f", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
+	now := time.Now().UTC()
+	job := jobstore.NewJob("job-finishing", sp, now)
+	job.State = jobstore.JobRunning
+	steps, err := jobstore.NewSteps(job.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.CreateJob(ctx(t), job); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		st.State, st.FinishedAt = jobstore.StepSucceeded, now
+		if _, err := b.store.CreateStep(ctx(t), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cancel := range []func(context.Context, string) (client.CancelReport, error){b.client.Cancel, b.client.CancelCompensate} {
+		if _, err := cancel(ctx(t), job.ID); !errors.Is(err, client.ErrFinished) {
+			t.Fatalf("cancel of a job whose steps have all ended: %v, want ErrFinished", err)
+		}
+	}
+	if j, _, err := b.store.Job(ctx(t), job.ID); err != nil || j.Desired != jobstore.JobSucceeded {
+		t.Fatalf("the job's desired state after the refused cancels: %v %v", j.Desired, err)
+	}
+}
