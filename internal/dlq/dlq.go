@@ -229,6 +229,7 @@ func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 		if err != nil {
 			return err
 		}
+		conflict := false
 		for _, s := range steps {
 			switch {
 			case s.State == jobstore.StepSkipped:
@@ -244,9 +245,19 @@ func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 			default:
 				continue
 			}
-			if _, err := store.UpdateStep(ctx, s.Step, s.Revision); err != nil && !errors.Is(err, jobstore.ErrConflict) {
-				return err
+			if _, err := store.UpdateStep(ctx, s.Step, s.Revision); err != nil {
+				// A conflict: someone else wrote the step meanwhile (a
+				// scheduler ending or sealing the job). Read it all again:
+				// a skipped step left skipped would never run while the
+				// job, reopened, could end succeeded.
+				if !errors.Is(err, jobstore.ErrConflict) {
+					return err
+				}
+				conflict = true
 			}
+		}
+		if conflict {
+			continue
 		}
 		// Written even when the job is open: one whose steps had all ended
 		// may be writing its terminal record (sealing), and that write must

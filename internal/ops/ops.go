@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +15,7 @@ import (
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // Ops acts on one deployment.
@@ -104,7 +106,12 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 		switch s.State {
 		case jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled:
 		case jobstore.StepPending:
-			stranded = append(stranded, s.ID)
+			// Only a step of the job's spec (not a stray compensation
+			// record) of a job whose compensation never ran (dlq refuses
+			// to reopen an undone job).
+			if slices.ContainsFunc(job.Spec.Steps, func(sp spec.Step) bool { return sp.ID == s.ID }) && !undone(job.State) {
+				stranded = append(stranded, s.ID)
+			}
 			continue
 		default:
 			continue
@@ -133,6 +140,11 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	}
 	dlq.Kick(ctx, o.nc, jobID)
 	return reopened, nil
+}
+
+// undone says a job's compensation ran or runs: its steps are not reopened.
+func undone(s jobstore.JobState) bool {
+	return s == jobstore.JobCompensating || s == jobstore.JobCompensated || s == jobstore.JobCompensationFailed
 }
 
 // DrainAgent tells an agent to take no new tasks; running ones finish.

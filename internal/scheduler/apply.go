@@ -83,10 +83,16 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 			return
 		}
 	}
+	if js.job.State.Terminal() {
+		// Nothing to dispatch, seal or take back: a finished job's steps
+		// are all ended (finishReopen reopens one that has a step pending).
+		jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
+		return
+	}
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
 	js.unseal() // steps open again: no record of the job may expire while it runs
-	if js.open == 0 && !js.job.State.Terminal() && !js.seal() {
+	if js.open == 0 && !js.seal() {
 		jt.more = true // sealing goes on in a later turn; the job ends then
 	} else if js.settle(now) {
 		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
@@ -89,8 +90,49 @@ func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
 			js.strays[id] = rev
 		}
 	}
+	js.finishReopen(now)
 	js.index(now)
 	return js, nil
+}
+
+// finishReopen completes an operator's reopen (dlq retry, job retry) that
+// the store holds only in part, as dlq.ReopenJob would have: a finished
+// job with a step pending again (the reopen wrote the step, and its job
+// write failed) runs again, and a skipped step none of whose dependencies
+// ended without success (a reopen's write of it lost a race) is pending
+// again. Left as they were, the first step was dispatched for a finished
+// job that never ended again, and the second never ran while its job
+// ended succeeded. A compensated job is not reopened (dlq refuses to).
+func (js *jobState) finishReopen(now time.Time) {
+	j := js.job
+	switch j.State {
+	case jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed:
+		return
+	}
+	if j.State.Terminal() {
+		if !slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State == jobstore.StepPending }) {
+			return
+		}
+		j.State, j.Desired, j.Error, j.FinishedAt, j.UpdatedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}, now
+		js.dirtyJob = true
+	}
+	for revived := true; revived; {
+		revived = false
+		for i, st := range js.steps {
+			if st.State != jobstore.StepSkipped || slices.ContainsFunc(st.DependsOn, js.failedStep) {
+				continue
+			}
+			st.State, st.FinishedAt, st.LastError, st.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
+			js.markStep(i)
+			revived = true
+		}
+	}
+}
+
+// failedStep reports whether step id ended without success.
+func (js *jobState) failedStep(id string) bool {
+	i, ok := js.byID[id]
+	return ok && js.steps[i].State.Terminal() && js.steps[i].State != jobstore.StepSucceeded
 }
 
 // index derives the DAG bookkeeping from the step states, and skips the

@@ -1,0 +1,78 @@
+package scheduler_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+// storeChain stores job a -> b -> c in state job, with a succeeded and b
+// and c in the states given, as a partly applied operator reopen leaves it.
+func storeChain(t *testing.T, b *bundle, id string, job jobstore.JobState, sb, sc jobstore.StepState) {
+	t.Helper()
+	ctx := context.Background()
+	sp := spec.Job{Name: "chain", Steps: []spec.Step{{ID: "a", Action: "echo"},
+		{ID: "b", Action: "echo", DependsOn: []string{"a"}}, {ID: "c", Action: "echo", DependsOn: []string{"b"}}}}
+	now := time.Now().UTC()
+	j := jobstore.NewJob(id, sp, now)
+	j.State = job
+	if job.Terminal() {
+		j.FinishedAt, j.Error = now, "step b failed: boom"
+	}
+	if _, err := b.store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, now
+	steps[1].State, steps[2].State = sb, sc
+	if sc == jobstore.StepSkipped {
+		steps[2].FinishedAt, steps[2].LastError = now, "a dependency did not succeed"
+	}
+	for _, st := range steps {
+		if _, err := b.store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An operator's reopen applied in part (dlq retry, job retry): the step
+// written pending and the job left failed, or the job reopened and a
+// skipped dependent left skipped. The scheduler finishes the reopen: the
+// job runs again and every step runs. Before, the pending step was
+// dispatched for a job that stayed failed; and the skipped one never ran
+// while its job ended succeeded.
+func TestSchedulerFinishesAPartlyAppliedReopen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	handagent.Start(t, b.js, "default", "r-1", nil)
+	storeChain(t, b, "job-stranded", jobstore.JobFailed, jobstore.StepPending, jobstore.StepSkipped)
+	storeChain(t, b, "job-left-skipped", jobstore.JobRunning, jobstore.StepPending, jobstore.StepSkipped)
+	for _, id := range []string{"job-stranded", "job-left-skipped"} {
+		// As dlq.Kick does, but until a scheduler is there to answer.
+		natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance "+id, func() bool {
+			_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte(id), time.Second)
+			return err == nil
+		})
+		j := b.waitJob(t, id, jobstore.JobSucceeded)
+		steps, err := b.store.Steps(context.Background(), j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range steps {
+			if st.State != jobstore.StepSucceeded {
+				t.Fatalf("%s: step %s %s", id, st.ID, st.State)
+			}
+		}
+	}
+}
