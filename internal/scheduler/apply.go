@@ -184,7 +184,7 @@ func (s *Scheduler) newJobState(id string, sp *spec.Job, now time.Time) (*jobSta
 }
 
 // completeJobState fills in the step records a dead scheduler did not
-// create, to be created now.
+// create, to be created now (but for a job that ended: see ended).
 func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
 	all, err := jobstore.NewSteps(snap.Job.ID, snap.Job.Spec, s.stepDefaults(), snap.Job.CreatedAt)
 	if err != nil {
@@ -194,16 +194,24 @@ func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*j
 	for _, st := range snap.Steps {
 		have[st.ID] = true
 	}
+	// A job that ended had all its records; one missing now expired with
+	// the retention, a moment ahead of the job's own (written after it).
+	// It is not created again, pending: a finished job with a pending step
+	// is a reopen to finish (finishReopen), and the step would run again.
+	ended := snap.Job.State.Terminal()
 	var missing []int
 	for i, st := range all {
 		if !have[st.ID] {
+			if ended {
+				st.State, st.LastError, st.FinishedAt = jobstore.StepSucceeded, "record expired with the job's retention", now
+			}
 			snap.Steps = append(snap.Steps, st)
 			missing = append(missing, i)
 		}
 	}
 	js, err := newJobState(snap, now)
-	if err != nil {
-		return nil, err
+	if err != nil || ended {
+		return js, err
 	}
 	for _, i := range missing {
 		js.markStep(i)

@@ -76,3 +76,32 @@ func TestSchedulerFinishesAPartlyAppliedReopen(t *testing.T) {
 		}
 	}
 }
+
+// A finished job one of whose step records expired ahead of its own (the
+// retention's TTLs end a moment apart) is still finished: an advance, a
+// late result or a resubmission in that moment does not create the step
+// again, pending, nor run it.
+func TestFinishedJobWithAnExpiredStepRecordStaysFinished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "r-1", nil)
+	storeChain(t, b, "job-expiring", jobstore.JobSucceeded, jobstore.StepSucceeded, jobstore.StepSucceeded)
+	if err := b.store.KV().Purge(context.Background(), protocol.StepKey("job-expiring", "b")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
+		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-expiring"), time.Second)
+		return err == nil
+	})
+	// The advance is answered once its turn's writes landed.
+	if _, _, err := b.store.Step(context.Background(), "job-expiring", "b"); err == nil {
+		t.Fatal("the expired step record of a finished job was created again")
+	}
+	if j, _, err := b.store.Job(context.Background(), "job-expiring"); err != nil || j.State != jobstore.JobSucceeded {
+		t.Fatalf("the job after an advance: %v %v", j.State, err)
+	}
+	if got := a.Received(); len(got) != 0 {
+		t.Fatalf("the agent was given %d tasks of a finished job", len(got))
+	}
+}
