@@ -91,7 +91,9 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	}
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
-	js.unseal() // steps open again: no record of the job may expire while it runs
+	if !js.unseal() { // steps open again: no record of the job may expire while it runs
+		jt.more = true
+	}
 	if js.open == 0 && !js.seal() {
 		jt.more = true // sealing goes on in a later turn; the job ends then
 	} else if js.settle(now) {

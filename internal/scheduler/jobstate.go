@@ -313,18 +313,28 @@ func (js *jobState) seal() (done bool) {
 // steps open again (compensation started, a cancel with compensation or a
 // dlq retry came while it was sealing): they would expire while it runs,
 // and a finished step whose record is gone is taken for one never created
-// and run again.
-func (js *jobState) unseal() {
+// and run again. Like seal, a turn writes at most sealSlice records it
+// would not write anyway; done says none is left.
+func (js *jobState) unseal() (done bool) {
 	if js.nexpiring == 0 || js.open == 0 {
-		return
+		return true
 	}
+	extra := 0
 	for i, e := range js.expiring {
-		if e {
-			js.expiring[i] = false
+		if !e {
+			continue
+		}
+		if !js.dirtySteps[i] {
+			if extra == sealSlice {
+				return false
+			}
+			extra++
 			js.markStep(i)
 		}
+		js.expiring[i], js.nexpiring = false, js.nexpiring-1
 	}
-	js.nexpiring, js.sealed = 0, 0
+	js.sealed = 0
+	return true
 }
 
 // inFlight counts the job's dispatched steps.

@@ -76,8 +76,40 @@ func TestUnsealWhenStepsAreOpenAgain(t *testing.T) {
 	}
 	js.steps[3].State = jobstore.StepPending // reopened
 	js.index(time.Now())
-	js.unseal()
-	if len(js.dirtySteps) != 2 || !js.dirtySteps[0] || !js.dirtySteps[2] || js.expiring[0] || js.expiring[2] || js.nexpiring != 0 {
+	if !js.unseal() || len(js.dirtySteps) != 2 || !js.dirtySteps[0] || !js.dirtySteps[2] || js.expiring[0] || js.expiring[2] || js.nexpiring != 0 {
 		t.Fatalf("unseal: dirty %v, expiring %v (%d)", js.dirtySteps, js.expiring, js.nexpiring)
 	}
+}
+
+// A large job opened again takes the TTL back 64 records a turn, as it
+// was given.
+func TestUnsealSlices(t *testing.T) {
+	js := endedJob(t, 150, seq(150)...)
+	js.steps[0].State = jobstore.StepPending
+	js.index(time.Now())
+	for turn, want := range []struct {
+		done  bool
+		dirty int
+	}{{false, 64}, {false, 64}, {true, 22}} {
+		if done := js.unseal(); done != want.done || len(js.dirtySteps) != want.dirty {
+			t.Fatalf("turn %d: done %v with %d records to write, want %v and %d", turn+1, done, len(js.dirtySteps), want.done, want.dirty)
+		}
+		for i := range js.dirtySteps {
+			if js.expiring[i] {
+				t.Fatalf("turn %d writes step %d with the TTL", turn+1, i)
+			}
+		}
+		clear(js.dirtySteps)
+	}
+	if js.nexpiring != 0 {
+		t.Fatalf("%d records still expiring", js.nexpiring)
+	}
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }

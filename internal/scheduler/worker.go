@@ -334,6 +334,13 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			}
 			in.kind = inWake
 		}
+		if in.kind == inWake && in.job != "" {
+			// A timer's wake (wakeAt) that came due: its entry goes, or
+			// jobs that end elsewhere (a partition moved) left theirs.
+			if due, ok := w.wakes[in.job]; ok && !due.After(w.s.now()) {
+				delete(w.wakes, in.job)
+			}
+		}
 		if in.kind == inAdvance {
 			// Someone else changed the job (released a step, cancelled it):
 			// what this worker cached is out of date.
