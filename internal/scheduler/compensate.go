@@ -30,8 +30,10 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel) {
 		return
 	}
-	// A permanent failure, or a cancel that asked for compensation.
-	failed := j.Desired == jobstore.JobCancelled
+	// A permanent failure, or a cancel that asked for compensation and
+	// stopped something (one that came after every step had succeeded
+	// leaves the job succeeded: settle).
+	failed := j.Desired == jobstore.JobCancelled && !js.allSucceeded()
 	in := make([]compensate.Step, len(js.steps))
 	for i, st := range js.steps {
 		switch st.State {

@@ -259,7 +259,10 @@ func (js *jobState) settle(now time.Time) bool {
 		}
 	}
 	switch {
-	case j.Desired == jobstore.JobCancelled || cancelled != "":
+	case j.Desired == jobstore.JobCancelled && !js.allSucceeded() || cancelled != "":
+		// A cancel that stopped nothing (every step had succeeded, or
+		// succeeded anyway: it raced the last result) leaves the job
+		// succeeded, as a cancel of a finished job is refused.
 		j.State = jobstore.JobCancelled
 	case failed != "":
 		j.State, j.Error = jobstore.JobFailed, failed
@@ -335,6 +338,11 @@ func (js *jobState) unseal() (done bool) {
 	}
 	js.sealed = 0
 	return true
+}
+
+// allSucceeded reports whether every step of the job succeeded.
+func (js *jobState) allSucceeded() bool {
+	return !slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State != jobstore.StepSucceeded })
 }
 
 // inFlight counts the job's dispatched steps.

@@ -105,3 +105,43 @@ func TestFinishedJobWithAnExpiredStepRecordStaysFinished(t *testing.T) {
 		t.Fatalf("the agent was given %d tasks of a finished job", len(got))
 	}
 }
+
+// A cancel that raced the last result (recorded after the job's steps had
+// all succeeded, before the job's own record said so) stopped nothing:
+// the job ends succeeded, and a cancel that asked for compensation undoes
+// nothing, as a cancel of the finished job would have been refused.
+func TestCancelThatStoppedNothingLeavesTheJobSucceeded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "r-1", nil)
+	for _, compensate := range []bool{false, true} {
+		id := "job-late-cancel"
+		if compensate {
+			id += "-compensate"
+		}
+		storeChain(t, b, id, jobstore.JobRunning, jobstore.StepSucceeded, jobstore.StepSucceeded)
+		j, rev, err := b.store.Job(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Desired, j.CompensateOnCancel = jobstore.JobCancelled, compensate
+		if _, err := b.store.UpdateJob(context.Background(), j, rev); err != nil {
+			t.Fatal(err)
+		}
+		natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance "+id, func() bool {
+			_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte(id), time.Second)
+			return err == nil
+		})
+		natstest.Eventually(t, 10*time.Second, id+" ended", func() bool {
+			j, _, err := b.store.Job(context.Background(), id)
+			return err == nil && j.State.Terminal()
+		})
+		if j, _, _ := b.store.Job(context.Background(), id); j.State != jobstore.JobSucceeded {
+			t.Fatalf("%s: %s (%s), want succeeded", id, j.State, j.Error)
+		}
+	}
+	if got := a.Received(); len(got) != 0 {
+		t.Fatalf("the agent was given %d tasks (compensation of finished work?)", len(got))
+	}
+}
