@@ -231,8 +231,9 @@ func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 		}
 		conflict := false
 		for _, s := range steps {
+			skipped := s.State == jobstore.StepSkipped
 			switch {
-			case s.State == jobstore.StepSkipped:
+			case skipped:
 				// Evaluate skips it again if another dependency still failed.
 				s.State, s.FinishedAt, s.LastError, s.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
 			case s.State.Terminal() && !job.Inline:
@@ -246,14 +247,15 @@ func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now tim
 				continue
 			}
 			if _, err := store.UpdateStep(ctx, s.Step, s.Revision); err != nil {
-				// A conflict: someone else wrote the step meanwhile (a
-				// scheduler ending or sealing the job). Read it all again:
-				// a skipped step left skipped would never run while the
-				// job, reopened, could end succeeded.
 				if !errors.Is(err, jobstore.ErrConflict) {
 					return err
 				}
-				conflict = true
+				// Someone else wrote the step meanwhile (a scheduler ending
+				// or sealing the job). A skipped one is read again: left
+				// skipped it would never run while the job, reopened,
+				// could end succeeded. An ended one's TTL the scheduler
+				// takes back itself (unseal) once the job is open again.
+				conflict = conflict || skipped
 			}
 		}
 		if conflict {

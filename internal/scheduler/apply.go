@@ -86,6 +86,8 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	if js.job.State.Terminal() {
 		// Nothing to dispatch, seal or take back: a finished job's steps
 		// are all ended (finishReopen reopens one that has a step pending).
+		// A resubmission of its id registered on arrival waits for nothing.
+		w.forgetArrived(jt)
 		jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
 		return
 	}
@@ -142,7 +144,7 @@ func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobStat
 	if err != nil {
 		return nil, false, err
 	}
-	js, err := newJobState(snap, now)
+	js, err := newJobState(snap, now, true)
 	if errors.Is(err, errPartial) {
 		js, err = w.s.completeJobState(snap, now)
 	}
@@ -174,7 +176,7 @@ func (s *Scheduler) newJobState(id string, sp *spec.Job, now time.Time) (*jobSta
 	}
 	job.Inline = len(steps) == 1
 	snap := &jobstore.Snapshot{Job: job, Steps: steps, Revs: map[string]uint64{}}
-	js, err := newJobState(snap, now)
+	js, err := newJobState(snap, now, true)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +213,7 @@ func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*j
 			missing = append(missing, i)
 		}
 	}
-	js, err := newJobState(snap, now)
+	js, err := newJobState(snap, now, !ended)
 	if err != nil || ended {
 		return js, err
 	}

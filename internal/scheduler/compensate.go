@@ -33,7 +33,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 	// A permanent failure, or a cancel that asked for compensation and
 	// stopped something (one that came after every step had succeeded
 	// leaves the job succeeded: settle).
-	failed := j.Desired == jobstore.JobCancelled && !js.allSucceeded()
+	failed := j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing()
 	in := make([]compensate.Step, len(js.steps))
 	for i, st := range js.steps {
 		switch st.State {

@@ -57,7 +57,11 @@ type jobState struct {
 	used uint64
 }
 
-func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
+// newJobState builds a job's state from its records. reopen says a
+// finished job with a step pending is an operator's reopen to finish
+// (finishReopen); it is false when the pending steps are stand-ins for
+// records that expired (completeJobState).
+func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState, error) {
 	j := snap.Job
 	js := &jobState{job: j, jobRev: snap.JobRev, byID: make(map[string]int, len(j.Spec.Steps)),
 		dirtySteps: map[int]bool{}}
@@ -90,7 +94,9 @@ func newJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
 			js.strays[id] = rev
 		}
 	}
-	js.finishReopen(now)
+	if reopen {
+		js.finishReopen(now)
+	}
 	js.index(now)
 	return js, nil
 }
@@ -259,7 +265,7 @@ func (js *jobState) settle(now time.Time) bool {
 		}
 	}
 	switch {
-	case j.Desired == jobstore.JobCancelled && !js.allSucceeded() || cancelled != "":
+	case j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing() || cancelled != "":
 		// A cancel that stopped nothing (every step had succeeded, or
 		// succeeded anyway: it raced the last result) leaves the job
 		// succeeded, as a cancel of a finished job is refused.
@@ -340,9 +346,15 @@ func (js *jobState) unseal() (done bool) {
 	return true
 }
 
-// allSucceeded reports whether every step of the job succeeded.
-func (js *jobState) allSucceeded() bool {
-	return !slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State != jobstore.StepSucceeded })
+// cancelStoppedNothing reports whether a cancel of the job reached none of
+// its steps: every step succeeded, and none was told to stop (desired
+// cancelled: a cancel marks every step it finds unfinished). Such a
+// cancel raced the last result, and a cancel of the finished job would
+// have been refused.
+func (js *jobState) cancelStoppedNothing() bool {
+	return !slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool {
+		return st.State != jobstore.StepSucceeded || st.Desired == jobstore.StepCancelled
+	})
 }
 
 // inFlight counts the job's dispatched steps.

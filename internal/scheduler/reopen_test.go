@@ -145,3 +145,64 @@ func TestCancelThatStoppedNothingLeavesTheJobSucceeded(t *testing.T) {
 		t.Fatalf("the agent was given %d tasks (compensation of finished work?)", len(got))
 	}
 }
+
+// A cancel that reached a running step (told it to stop: desired
+// cancelled) ends the job cancelled even if the step came back
+// successful: only a cancel that stopped nothing leaves it succeeded.
+func TestCancelThatReachedAStepEndsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	storeChain(t, b, "job-reached", jobstore.JobRunning, jobstore.StepSucceeded, jobstore.StepSucceeded)
+	ctx := context.Background()
+	st, rev, err := b.store.Step(ctx, "job-reached", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Desired = jobstore.StepCancelled // told to stop while it ran; it succeeded anyway
+	if _, err := b.store.UpdateStep(ctx, st, rev); err != nil {
+		t.Fatal(err)
+	}
+	j, jrev, err := b.store.Job(ctx, "job-reached")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Desired = jobstore.JobCancelled
+	if _, err := b.store.UpdateJob(ctx, j, jrev); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
+		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-reached"), time.Second)
+		return err == nil
+	})
+	if j := b.waitJob(t, "job-reached", jobstore.JobCancelled); j.State != jobstore.JobCancelled {
+		t.Fatalf("job %s", j.State)
+	}
+}
+
+// A finished job whose records are expiring (one is gone already) is not
+// reopened for a pending step: the steps whose records expired would
+// stand in as succeeded, and their dependents would run as if they had.
+func TestExpiringJobIsNotReopened(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "r-1", nil)
+	storeChain(t, b, "job-expiring-reopen", jobstore.JobFailed, jobstore.StepPending, jobstore.StepSkipped)
+	if err := b.store.KV().Purge(context.Background(), protocol.StepKey("job-expiring-reopen", "a")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
+		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-expiring-reopen"), time.Second)
+		return err == nil
+	})
+	if j, _, err := b.store.Job(context.Background(), "job-expiring-reopen"); err != nil || j.State != jobstore.JobFailed {
+		t.Fatalf("the expiring job after an advance: %v %v", j.State, err)
+	}
+	if _, _, err := b.store.Step(context.Background(), "job-expiring-reopen", "a"); err == nil {
+		t.Fatal("the expired step record was written again")
+	}
+	if got := a.Received(); len(got) != 0 {
+		t.Fatalf("the agent was given %d tasks of an expiring job", len(got))
+	}
+}

@@ -31,7 +31,7 @@ func endedJob(t *testing.T, n int, expiring ...int) *jobState {
 	for _, i := range expiring {
 		snap.Expiring[steps[i].ID] = true
 	}
-	js, err := newJobState(snap, now)
+	js, err := newJobState(snap, now, true)
 	if err != nil {
 		t.Fatal(err)
 	}
