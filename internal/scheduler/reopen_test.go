@@ -59,11 +59,7 @@ func TestSchedulerFinishesAPartlyAppliedReopen(t *testing.T) {
 	storeChain(t, b, "job-stranded", jobstore.JobFailed, jobstore.StepPending, jobstore.StepSkipped)
 	storeChain(t, b, "job-left-skipped", jobstore.JobRunning, jobstore.StepPending, jobstore.StepSkipped)
 	for _, id := range []string{"job-stranded", "job-left-skipped"} {
-		// As dlq.Kick does, but until a scheduler is there to answer.
-		natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance "+id, func() bool {
-			_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte(id), time.Second)
-			return err == nil
-		})
+		b.advance(t, id)
 		j := b.waitJob(t, id, jobstore.JobSucceeded)
 		steps, err := b.store.Steps(context.Background(), j)
 		if err != nil {
@@ -90,10 +86,7 @@ func TestFinishedJobWithAnExpiredStepRecordStaysFinished(t *testing.T) {
 	if err := b.store.KV().Purge(context.Background(), protocol.StepKey("job-expiring", "b")); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
-		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-expiring"), time.Second)
-		return err == nil
-	})
+	b.advance(t, "job-expiring")
 	// The advance is answered once its turn's writes landed.
 	if _, _, err := b.store.Step(context.Background(), "job-expiring", "b"); err == nil {
 		t.Fatal("the expired step record of a finished job was created again")
@@ -129,10 +122,7 @@ func TestCancelThatStoppedNothingLeavesTheJobSucceeded(t *testing.T) {
 		if _, err := b.store.UpdateJob(context.Background(), j, rev); err != nil {
 			t.Fatal(err)
 		}
-		natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance "+id, func() bool {
-			_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte(id), time.Second)
-			return err == nil
-		})
+		b.advance(t, id)
 		natstest.Eventually(t, 10*time.Second, id+" ended", func() bool {
 			j, _, err := b.store.Job(context.Background(), id)
 			return err == nil && j.State.Terminal()
@@ -171,10 +161,7 @@ func TestCancelThatReachedAStepEndsCancelled(t *testing.T) {
 	if _, err := b.store.UpdateJob(ctx, j, jrev); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
-		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-reached"), time.Second)
-		return err == nil
-	})
+	b.advance(t, "job-reached")
 	if j := b.waitJob(t, "job-reached", jobstore.JobCancelled); j.State != jobstore.JobCancelled {
 		t.Fatalf("job %s", j.State)
 	}
@@ -192,10 +179,7 @@ func TestExpiringJobIsNotReopened(t *testing.T) {
 	if err := b.store.KV().Purge(context.Background(), protocol.StepKey("job-expiring-reopen", "a")); err != nil {
 		t.Fatal(err)
 	}
-	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance the job", func() bool {
-		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte("job-expiring-reopen"), time.Second)
-		return err == nil
-	})
+	b.advance(t, "job-expiring-reopen")
 	if j, _, err := b.store.Job(context.Background(), "job-expiring-reopen"); err != nil || j.State != jobstore.JobFailed {
 		t.Fatalf("the expiring job after an advance: %v %v", j.State, err)
 	}
@@ -205,4 +189,15 @@ func TestExpiringJobIsNotReopened(t *testing.T) {
 	if got := a.Received(); len(got) != 0 {
 		t.Fatalf("the agent was given %d tasks of an expiring job", len(got))
 	}
+}
+
+// advance asks a scheduler to advance job, as dlq.Kick does, but until one
+// is there to answer (the scheduler may still be starting); the answer
+// comes once the job's turn has written what it changed.
+func (b *bundle) advance(t *testing.T, job string) {
+	t.Helper()
+	natstest.Eventually(t, 10*time.Second, "a scheduler asked to advance "+job, func() bool {
+		_, err := b.nc.Request(protocol.SubjectControlAdvance, []byte(job), time.Second)
+		return err == nil
+	})
 }
