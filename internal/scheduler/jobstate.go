@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // jobState is a job as its owning worker keeps it between inputs: the
@@ -113,6 +114,20 @@ func (js *jobState) finishReopen(now time.Time) {
 	j := js.job
 	switch j.State {
 	case jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed:
+		// A forward step pending here was reopened as the compensation
+		// began or ended (the reopen raced dlq's refusal): it would run
+		// beside the undo, or wait for ever in a finished job. It ends
+		// cancelled; in a finished job its record gets the retention.
+		for i := range min(j.ForwardSteps, len(js.steps)) {
+			if st := js.steps[i]; st.State == jobstore.StepPending {
+				st.State, st.Desired, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, jobstore.StepCancelled, now, now
+				st.LastError = protocol.ErrorCancelled + ": reopened after its job's compensation began; not run"
+				js.markStep(i)
+				if j.State.Terminal() && !js.expiring[i] {
+					js.expiring[i], js.nexpiring = true, js.nexpiring+1
+				}
+			}
+		}
 		return
 	}
 	if j.State.Terminal() {

@@ -201,3 +201,39 @@ func (b *bundle) advance(t *testing.T, job string) {
 		return err == nil
 	})
 }
+
+// A forward step reopened as its job's compensation ended (a reopen that
+// raced dlq's refusal) is not run beside, or after, the undo: it ends
+// cancelled, its record with the retention. Before, it stayed pending in
+// the finished job for good, and the supervisor asked about it for ever.
+func TestStepReopenedAfterCompensationEndsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "r-1", nil)
+	storeChain(t, b, "job-undone", jobstore.JobCompensated, jobstore.StepPending, jobstore.StepSkipped)
+	ctx := context.Background()
+	j, rev, err := b.store.Job(ctx, "job-undone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.ForwardSteps = len(j.Spec.Steps)
+	if _, err := b.store.UpdateJob(ctx, j, rev); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(t, "job-undone")
+	st, _, err := b.store.Step(ctx, "job-undone", "b")
+	if err != nil || st.State != jobstore.StepCancelled {
+		t.Fatalf("the step reopened after the compensation: %v %v", st.State, err)
+	}
+	m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+".$KV."+protocol.BucketJobs+"."+protocol.StepKey("job-undone", "b"), nil, 5*time.Second)
+	if err != nil || m.Header.Get("Nats-TTL") == "" {
+		t.Fatalf("its record has no retention TTL: %v %v", m.Header, err)
+	}
+	if j, _, _ := b.store.Job(ctx, "job-undone"); j.State != jobstore.JobCompensated {
+		t.Fatalf("the job after the advance: %s", j.State)
+	}
+	if got := a.Received(); len(got) != 0 {
+		t.Fatalf("the agent was given %d tasks of a compensated job", len(got))
+	}
+}
