@@ -93,11 +93,8 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	}
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
-	if !js.unseal() { // steps open again: no record of the job may expire while it runs
-		jt.more = true
-	}
-	if js.open == 0 && !js.seal() {
-		jt.more = true // sealing goes on in a later turn; the job ends then
+	if !js.settleExpiry() {
+		jt.more = true // its records' TTL goes on in a later turn; the job ends then
 	} else if js.settle(now) {
 		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {
 			ev := protocol.Event{Kind: protocol.EventJobCompensationEnded, ID: js.job.ID, JobID: js.job.ID,

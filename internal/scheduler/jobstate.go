@@ -45,12 +45,10 @@ type jobState struct {
 	strays map[string]uint64
 
 	// expiring[i] says step i's record carries the retention TTL (as read,
-	// or as this turn writes it): a job whose steps have all ended seals
-	// them, a slice a turn, before its terminal record is written (seal);
-	// nexpiring counts them, and sealed is where seal looks next.
+	// or as this turn writes it), and nexpiring counts them: exactly when
+	// every step has ended, and a slice a turn (settleExpiry).
 	expiring  []bool
 	nexpiring int
-	sealed    int
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
@@ -77,10 +75,7 @@ func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState
 		js.byID[sp.ID] = i
 		js.steps[i] = have[sp.ID]
 		js.revs[i] = snap.Revs[sp.ID]
-		if snap.Expiring[sp.ID] {
-			js.expiring[i] = true
-			js.nexpiring++
-		}
+		js.setExpiring(i, snap.Expiring[sp.ID])
 	}
 	for i, st := range js.steps {
 		if st == nil {
@@ -123,9 +118,7 @@ func (js *jobState) finishReopen(now time.Time) {
 				st.State, st.Desired, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, jobstore.StepCancelled, now, now
 				st.LastError = protocol.ErrorCancelled + ": reopened after its job's compensation began; not run"
 				js.markStep(i)
-				if j.State.Terminal() && !js.expiring[i] {
-					js.expiring[i], js.nexpiring = true, js.nexpiring+1
-				}
+				js.setExpiring(i, j.State.Terminal())
 			}
 		}
 		return
@@ -303,22 +296,24 @@ func (js *jobState) settle(now time.Time) bool {
 // it (probe p99 during a fan-out 26-30 ms against 12-16).
 const sealSlice = 64
 
-// seal gives the retention TTL to the step records of a job whose steps
-// have all ended, before its terminal record is written: the retention
-// runs from the job's end for every record of it, however long the job
-// was open (jobstore.EndedStepWrite), and a step's record never expires
-// while its job can still read it. A turn marks at most sealSlice records
-// that it would not write anyway; records that carry the TTL already (a
-// reload reads which) are not written again. done says every step is
-// sealed, and the job may end in this turn.
-func (js *jobState) seal() (done bool) {
-	if js.job.Inline {
+// settleExpiry makes the step records of the job carry the retention TTL
+// exactly when every step has ended, before its terminal record is
+// written: the retention runs from the job's end for every record of it,
+// however long the job was open (jobstore.EndedStepWrite), and no record
+// expires while its job can still read it. A job whose steps open again
+// (compensation starts, a cancel with compensation or a dlq retry came
+// while it ended) takes the TTL back: a finished step whose record is gone
+// is taken for one never created and run again. A turn marks at most
+// sealSlice records it would not write anyway; done says none is left,
+// and the job may end in this turn if its steps have.
+func (js *jobState) settleExpiry() (done bool) {
+	want := js.open == 0
+	if js.job.Inline || (!want && js.nexpiring == 0) {
 		return true
 	}
 	extra := 0
-	for ; js.sealed < len(js.steps); js.sealed++ {
-		i := js.sealed
-		if js.expiring[i] {
+	for i := range js.steps {
+		if js.expiring[i] == want {
 			continue
 		}
 		if !js.dirtySteps[i] {
@@ -328,37 +323,21 @@ func (js *jobState) seal() (done bool) {
 			extra++
 			js.markStep(i)
 		}
-		js.expiring[i], js.nexpiring = true, js.nexpiring+1
+		js.setExpiring(i, want)
 	}
 	return true
 }
 
-// unseal takes the retention TTL back from the records of a job that has
-// steps open again (compensation started, a cancel with compensation or a
-// dlq retry came while it was sealing): they would expire while it runs,
-// and a finished step whose record is gone is taken for one never created
-// and run again. Like seal, a turn writes at most sealSlice records it
-// would not write anyway; done says none is left.
-func (js *jobState) unseal() (done bool) {
-	if js.nexpiring == 0 || js.open == 0 {
-		return true
-	}
-	extra := 0
-	for i, e := range js.expiring {
-		if !e {
-			continue
+// setExpiring records whether step i's record carries the retention TTL.
+func (js *jobState) setExpiring(i int, e bool) {
+	if js.expiring[i] != e {
+		js.expiring[i] = e
+		if e {
+			js.nexpiring++
+		} else {
+			js.nexpiring--
 		}
-		if !js.dirtySteps[i] {
-			if extra == sealSlice {
-				return false
-			}
-			extra++
-			js.markStep(i)
-		}
-		js.expiring[i], js.nexpiring = false, js.nexpiring-1
 	}
-	js.sealed = 0
-	return true
 }
 
 // cancelStoppedNothing reports whether a cancel of the job reached none of
@@ -398,7 +377,8 @@ func (js *jobState) anyStarted() bool {
 // the idempotency guard), and a job's terminal record is written after its
 // steps' (it is the completion signal, so it never runs ahead of them).
 // idx names what each write is: a step's index, or -1 for the job record.
-// A sealed step's record is written with the retention TTL (seal).
+// A step whose record carries the retention TTL is written with it
+// (settleExpiry).
 func (js *jobState) writes(st *jobstore.Store) (first, second []jobstore.Write, idx1, idx2 []int) {
 	var steps []jobstore.Write
 	var sidx []int

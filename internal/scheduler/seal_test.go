@@ -46,7 +46,7 @@ func TestSealSlicesAndResumes(t *testing.T) {
 		done  bool
 		dirty int
 	}{{false, 64}, {false, 64}, {true, 20}} {
-		done := js.seal()
+		done := js.settleExpiry()
 		if done != want.done || len(js.dirtySteps) != want.dirty {
 			t.Fatalf("turn %d: done %v with %d records to write, want %v and %d", turn+1, done, len(js.dirtySteps), want.done, want.dirty)
 		}
@@ -70,13 +70,14 @@ func TestSealSlicesAndResumes(t *testing.T) {
 // that has it, so none expires while it runs.
 func TestUnsealWhenStepsAreOpenAgain(t *testing.T) {
 	js := endedJob(t, 4, 0, 2)
-	js.unseal()
-	if len(js.dirtySteps) != 0 {
+	js.settleExpiry()
+	if js.dirtySteps[0] || js.dirtySteps[2] || !js.expiring[0] || !js.expiring[2] {
 		t.Fatal("a job whose steps have all ended unsealed its records")
 	}
+	js = endedJob(t, 4, 0, 2)
 	js.steps[3].State = jobstore.StepPending // reopened
 	js.index(time.Now())
-	if !js.unseal() || len(js.dirtySteps) != 2 || !js.dirtySteps[0] || !js.dirtySteps[2] || js.expiring[0] || js.expiring[2] || js.nexpiring != 0 {
+	if !js.settleExpiry() || len(js.dirtySteps) != 2 || !js.dirtySteps[0] || !js.dirtySteps[2] || js.expiring[0] || js.expiring[2] || js.nexpiring != 0 {
 		t.Fatalf("unseal: dirty %v, expiring %v (%d)", js.dirtySteps, js.expiring, js.nexpiring)
 	}
 }
@@ -91,7 +92,7 @@ func TestUnsealSlices(t *testing.T) {
 		done  bool
 		dirty int
 	}{{false, 64}, {false, 64}, {true, 22}} {
-		if done := js.unseal(); done != want.done || len(js.dirtySteps) != want.dirty {
+		if done := js.settleExpiry(); done != want.done || len(js.dirtySteps) != want.dirty {
 			t.Fatalf("turn %d: done %v with %d records to write, want %v and %d", turn+1, done, len(js.dirtySteps), want.done, want.dirty)
 		}
 		for i := range js.dirtySteps {
