@@ -127,10 +127,10 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 				js.markStep(i)
 			}
 		}
-		class := slotClass{agent: st.Agent, action: st.Action, requires: st.Requires, unknown: st.Cluster != ""}
+		class := slotClass{req: w.s.request(st, ""), any: st.Cluster != ""}
 		var peek func() (protocol.Presence, error) // the agent the step would get
 		if st.Cluster == "" {
-			peek = func() (protocol.Presence, error) { return w.s.selector.Peek(w.s.request(st, "")) }
+			peek = func() (protocol.Presence, error) { return w.s.selector.Peek(class.req) }
 		}
 		if w.s.behind(holder, st.Pool, class, prio, now, peek) {
 			behind() // before taking gates it would give back

@@ -50,41 +50,27 @@ type waitEntry struct {
 	since, seen time.Time
 }
 
-// slotClass is what a step needs of an agent: one of its pool that offers
-// its action with every capability the step requires (and, pinned, the one
-// agent). A step is behind only the waiting work of higher priority that
-// could use the agent it would get: a high step waiting for busy gpu
-// agents held back every lower step of the pool before, and an idle agent
-// without a gpu stayed idle until they had aged past it (3 × aging).
-// unknown (a cluster step, whose member its router picks) fits every agent.
+// slotClass is what a step needs of an agent: what the selector would be
+// asked (its pool, action, required capabilities, pinned agent). A step is
+// behind only the waiting work of higher priority that could use the
+// agent it would get: a high step waiting for busy gpu agents held back
+// every lower step of the pool before, and an idle agent without a gpu
+// stayed idle until they had aged past it (3 × aging). any (a cluster
+// step, whose member its router picks) fits every agent.
 type slotClass struct {
-	agent, action string
-	requires      []string
-	unknown       bool
+	req selection.Request
+	any bool
 }
 
 func (c slotClass) key() string {
-	if c.unknown {
+	if c.any {
 		return "\x01"
 	}
-	return c.agent + "\x00" + c.action + "\x00" + strings.Join(c.requires, "\x00")
+	return c.req.Agent + "\x00" + c.req.Action + "\x00" + strings.Join(c.req.Requires, "\x00")
 }
 
 // fits reports whether a step of class c could run on p.
-func (c slotClass) fits(p *protocol.Presence) bool {
-	if c.unknown {
-		return true
-	}
-	if (c.agent != "" && p.ID != c.agent) || !slices.Contains(p.Actions, c.action) {
-		return false
-	}
-	for _, r := range c.requires {
-		if !slices.Contains(p.Capabilities, r) {
-			return false
-		}
-	}
-	return true
-}
+func (c slotClass) fits(p *protocol.Presence) bool { return c.any || c.req.Matches(p) }
 
 // classWait counts the waiting steps of one class by base rank.
 type classWait struct {
@@ -92,15 +78,25 @@ type classWait struct {
 	counts [4]int
 }
 
-// backlog is the steps of this scheduler waiting for agent capacity, with
-// counts per pool and base priority so that a dispatch checks in O(1), and
-// per class within the pool (few: the distinct actions and requirements
-// that wait) for the look at an agent when higher work waits.
+// backlog is the steps of this scheduler waiting for agent capacity,
+// counted by pool, class (few per pool: the distinct actions and
+// requirements that wait) and base priority, so that a dispatch checks in
+// a few steps whether higher work waits and whether it could use an agent.
 type backlog struct {
 	mu      sync.Mutex
 	entries map[string]*waitEntry            // by holderID
-	counts  map[string]*[4]int               // pool → waiting steps by base rank
 	classes map[string]map[string]*classWait // pool → class key → waiting steps
+}
+
+// waitsLocked reports whether a step of a base rank in [lo, hi) waits for
+// pool, of a class fit accepts (nil: any).
+func (b *backlog) waitsLocked(pool string, lo, hi int, fit func(slotClass) bool) bool {
+	for _, cw := range b.classes[pool] {
+		if slices.ContainsFunc(cw.counts[min(lo, hi):hi], func(n int) bool { return n > 0 }) && (fit == nil || fit(cw.class)) {
+			return true
+		}
+	}
+	return false
 }
 
 // rank is a step's effective rank after waiting since since.
@@ -134,29 +130,20 @@ func (s *Scheduler) behind(holder, pool string, class slotClass, p spec.Priority
 func (s *Scheduler) behindLocked(holder, pool string, p spec.Priority, now time.Time,
 	peek func() (protocol.Presence, error)) (agent string, behind bool) {
 	b := &s.backlog
-	c := b.counts[pool]
-	if c == nil {
-		return "", false
-	}
 	since := now
 	if e := b.entries[holder]; e != nil {
 		since = e.since
 	}
-	from := s.rank(p, since, now) + 1
-	if !slices.ContainsFunc(c[min(from, len(c)):], func(n int) bool { return n > 0 }) {
+	from := min(s.rank(p, since, now)+1, 4)
+	if !b.waitsLocked(pool, from, 4, nil) {
 		return "", false
 	}
 	if peek == nil {
 		return "", true
 	}
 	a, err := peek()
-	if err != nil {
+	if err != nil || b.waitsLocked(pool, from, 4, func(c slotClass) bool { return c.fits(&a) }) {
 		return "", true
-	}
-	for _, cw := range b.classes[pool] {
-		if slices.ContainsFunc(cw.counts[min(from, len(cw.counts)):], func(n int) bool { return n > 0 }) && cw.class.fits(&a) {
-			return "", true
-		}
 	}
 	return a.ID, false
 }
@@ -193,7 +180,7 @@ func (s *Scheduler) take(holder, pool string, class slotClass, p spec.Priority, 
 // waitLocked records that holder waits for capacity in pool.
 func (b *backlog) waitLocked(holder, pool string, class slotClass, p spec.Priority, now time.Time) {
 	if b.entries == nil {
-		b.entries, b.counts, b.classes = map[string]*waitEntry{}, map[string]*[4]int{}, map[string]map[string]*classWait{}
+		b.entries, b.classes = map[string]*waitEntry{}, map[string]map[string]*classWait{}
 	}
 	e := b.entries[holder]
 	if e == nil {
@@ -204,13 +191,9 @@ func (b *backlog) waitLocked(holder, pool string, class slotClass, p spec.Priori
 	e.seen = now
 }
 
-// countLocked adds d to the counts of e's pool and class.
+// countLocked adds d to the count of e's class.
 func (b *backlog) countLocked(e *waitEntry, d int) {
 	r := baseRank(e.priority)
-	if b.counts[e.pool] == nil {
-		b.counts[e.pool] = &[4]int{}
-	}
-	b.counts[e.pool][r] += d
 	classes := b.classes[e.pool]
 	if classes == nil {
 		classes = map[string]*classWait{}
@@ -251,13 +234,7 @@ func (b *backlog) forgetLocked(holder string) (heldBack bool) {
 	}
 	b.countLocked(e, -1)
 	delete(b.entries, holder)
-	c := b.counts[e.pool]
-	for lower := range baseRank(e.priority) {
-		if c[lower] > 0 {
-			return true
-		}
-	}
-	return false
+	return b.waitsLocked(e.pool, 0, baseRank(e.priority), nil)
 }
 
 // arrived registers, as the scheduler receives a submission, its steps
@@ -301,11 +278,11 @@ func (s *Scheduler) arrived(in *input) {
 			continue // not ready yet; a cluster's pool is known when routed
 		}
 		pool := st.PoolOrDefault()
-		c := b.counts[pool]
-		if c == nil || *c == [4]int{} {
+		if !b.waitsLocked(pool, 0, 4, nil) {
 			continue // no backlog in the pool: nothing to be ahead of
 		}
-		b.waitLocked(holderID(in.job, st.ID), pool, slotClass{agent: st.Agent, action: st.Action, requires: st.Requires}, sp.StepPriority(st), in.at)
+		class := slotClass{req: selection.Request{Pool: pool, Agent: st.Agent, Action: st.Action, Requires: st.Requires}}
+		b.waitLocked(holderID(in.job, st.ID), pool, class, sp.StepPriority(st), in.at)
 	}
 }
 
@@ -316,7 +293,7 @@ func (s *Scheduler) reportBacklog(now time.Time) {
 	b.mu.Lock()
 	n := [4]int{}
 	if b.entries != nil {
-		b.counts, b.classes = map[string]*[4]int{}, map[string]map[string]*classWait{}
+		b.classes = map[string]map[string]*classWait{}
 	}
 	for h, e := range b.entries {
 		if now.Sub(e.seen) > waitStale {

@@ -19,7 +19,7 @@ import (
 
 // anyClass is a step whose agent the backlog cannot know (as a cluster
 // step's): any higher step waiting for its pool holds it back.
-var anyClass = slotClass{unknown: true}
+var anyClass = slotClass{any: true}
 
 // anyAgent adapts a choice that ignores the agent the backlog allowed.
 func anyAgent(f func() (protocol.Presence, error)) func(string) (protocol.Presence, error) {
@@ -165,8 +165,8 @@ func TestBehindOnlyForAnAgentTheHigherWorkCouldUse(t *testing.T) {
 	t.Parallel()
 	s := backlogScheduler()
 	now := time.Now()
-	gpuClass := slotClass{action: "echo", requires: []string{"gpu"}}
-	lowClass := slotClass{action: "echo"}
+	gpuClass := slotClass{req: selection.Request{Pool: "default", Action: "echo", Requires: []string{"gpu"}}}
+	lowClass := slotClass{req: selection.Request{Pool: "default", Action: "echo"}}
 	atCapacity := func(string) (protocol.Presence, error) { return protocol.Presence{}, selection.ErrAtCapacity }
 	if _, err := s.take("high.s", "default", gpuClass, spec.PriorityHigh, now, nil, atCapacity); !errors.Is(err, selection.ErrAtCapacity) {
 		t.Fatalf("high at capacity: %v", err)
@@ -189,7 +189,7 @@ func TestBehindOnlyForAnAgentTheHigherWorkCouldUse(t *testing.T) {
 		t.Fatalf("low step whose agent the high one could use: %v (chosen on %q)", err, on)
 	}
 	// A pinned high step holds back only its own agent.
-	pinned := slotClass{agent: "plain", action: "echo"}
+	pinned := slotClass{req: selection.Request{Pool: "default", Agent: "plain", Action: "echo"}}
 	s.take("high-pinned.s", "default", pinned, spec.PriorityHigh, now, nil, atCapacity)
 	if !s.behind("low3.s", "default", lowClass, spec.PriorityLow, now, peek(plain)) {
 		t.Fatal("a low step is not behind a high step pinned to the agent it would get")

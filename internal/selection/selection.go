@@ -372,6 +372,14 @@ func errAtCapacity(req Request) error {
 	return fmt.Errorf("%w: %w: %s", ErrNoAgent, ErrAtCapacity, describe(req))
 }
 
+// Matches reports whether an agent with presence p is one req may be
+// placed on by what the agent is (its pool, its id when req is pinned, the
+// action, every required capability), not by its load, draining or health.
+func (r Request) Matches(p *protocol.Presence) bool {
+	return p.Pool == r.Pool && (r.Agent == "" || p.ID == r.Agent) && slices.Contains(p.Actions, r.Action) &&
+		hasAll(p.Capabilities, r.Requires)
+}
+
 func hasAll(have, want []string) bool {
 	for _, w := range want {
 		if !slices.Contains(have, w) {
