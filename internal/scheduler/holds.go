@@ -3,6 +3,8 @@ package scheduler
 import (
 	"sync/atomic"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -35,18 +37,30 @@ func newHolds(partitions int) (*holds, error) {
 	return &holds{count: make([]atomic.Int64, partitions), budget: int64(max(c.MaxAckPending/2, 1))}, nil
 }
 
-// take reserves room for n more held messages of job; false says the
-// partition is at its budget and the messages are to be acknowledged.
-func (h *holds) take(job string, n int) bool {
-	if n == 0 {
-		return true
+// hold returns the messages of a waiting job to keep unacknowledged, and
+// acknowledges the others: bare submissions, and all of them past the
+// partition's budget.
+func (h *holds) hold(job string, msgs []jetstream.Msg) []jetstream.Msg {
+	keep := msgs[:0:0]
+	for _, m := range msgs {
+		if m.Subject() == protocol.SubjectSubmit {
+			_ = m.Ack()
+		} else {
+			keep = append(keep, m)
+		}
+	}
+	if len(keep) == 0 {
+		return nil
 	}
 	c := &h.count[protocol.Partition(job, len(h.count))]
-	if c.Add(int64(n)) > h.budget {
-		c.Add(-int64(n))
-		return false
+	if c.Add(int64(len(keep))) > h.budget {
+		c.Add(-int64(len(keep)))
+		for _, m := range keep {
+			_ = m.Ack()
+		}
+		return nil
 	}
-	return true
+	return keep
 }
 
 // give returns the room of n held messages of job (settled or handed back).

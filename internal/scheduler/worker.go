@@ -585,25 +585,9 @@ func (w *worker) finish(jt *jobTurn) {
 					wt.extended = in.at
 				}
 			}
-			// A bare submission came through the consumer every scheduler
-			// shares, which the partitions' budgets do not bound: it is not
-			// held (holds.go), nor is anything past its partition's budget.
-			// The record says what the job waits for; memory wakes it.
-			keep := msgs[:0:0]
-			for _, m := range msgs {
-				if m.Subject() == protocol.SubjectSubmit {
-					_ = m.Ack()
-				} else {
-					keep = append(keep, m)
-				}
-			}
-			if w.s.holds.take(jt.id, len(keep)) {
-				wt.held = append(wt.held, keep...)
-			} else {
-				for _, m := range keep {
-					_ = m.Ack()
-				}
-			}
+			// Not all of them (holds.go): the record says what the job
+			// waits for, and memory wakes it.
+			wt.held = append(wt.held, w.s.holds.hold(jt.id, msgs)...)
 			w.waiting[jt.id] = wt
 			return
 		}
