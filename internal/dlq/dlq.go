@@ -206,8 +206,7 @@ func refuseUndone(ctx context.Context, store *jobstore.Store, jobID string) erro
 	if err != nil {
 		return err
 	}
-	switch job.State {
-	case jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed:
+	if job.State.Compensation() {
 		return fmt.Errorf("%w: job %s is %s: its completed steps were undone, so its steps cannot be reopened; submit the job again",
 			ErrWrongState, jobID, job.State)
 	}

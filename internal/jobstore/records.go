@@ -34,6 +34,12 @@ func (s JobState) Terminal() bool {
 	return s == JobSucceeded || s == JobFailed || s == JobCancelled || s == JobCompensated || s == JobCompensationFailed || s == JobExpired
 }
 
+// Compensation reports whether the job's compensation began (it undoes,
+// or has undone, its steps): its forward steps are not run again.
+func (s JobState) Compensation() bool {
+	return s == JobCompensating || s == JobCompensated || s == JobCompensationFailed
+}
+
 // StepState is the state of a step.
 type StepState string
 

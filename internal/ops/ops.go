@@ -109,7 +109,7 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 			// Only a step of the job's spec (not a stray compensation
 			// record) of a job whose compensation never ran (dlq refuses
 			// to reopen an undone job).
-			if slices.ContainsFunc(job.Spec.Steps, func(sp spec.Step) bool { return sp.ID == s.ID }) && !undone(job.State) {
+			if slices.ContainsFunc(job.Spec.Steps, func(sp spec.Step) bool { return sp.ID == s.ID }) && !job.State.Compensation() {
 				stranded = append(stranded, s.ID)
 			}
 			continue
@@ -140,11 +140,6 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	}
 	dlq.Kick(ctx, o.nc, jobID)
 	return reopened, nil
-}
-
-// undone says a job's compensation ran or runs: its steps are not reopened.
-func undone(s jobstore.JobState) bool {
-	return s == jobstore.JobCompensating || s == jobstore.JobCompensated || s == jobstore.JobCompensationFailed
 }
 
 // DrainAgent tells an agent to take no new tasks; running ones finish.

@@ -107,8 +107,7 @@ func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState
 // ended succeeded. A compensated job is not reopened (dlq refuses to).
 func (js *jobState) finishReopen(now time.Time) {
 	j := js.job
-	switch j.State {
-	case jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed:
+	if j.State.Compensation() {
 		// A forward step pending here was reopened as the compensation
 		// began or ended (the reopen raced dlq's refusal): it would run
 		// beside the undo, or wait for ever in a finished job. It ends
