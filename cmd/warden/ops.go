@@ -80,11 +80,6 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withOps(cmd.Context(), func(ctx context.Context, o *ops.Ops) error {
 				steps, err := o.RetryJob(ctx, args[0])
-				if err != nil && len(steps) > 0 {
-					// Part-way: what was reopened runs (RetryJob asked for it).
-					fmt.Fprintf(a.stderr, "job %s: reopened %s (a scheduler was asked to run them), then the retry failed\n",
-						args[0], strings.Join(steps, ", "))
-				}
 				if err != nil {
 					return err
 				}

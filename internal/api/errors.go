@@ -3,9 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -32,21 +30,6 @@ type ErrorDetail struct {
 	Reopened []string `json:"reopened,omitempty"`
 }
 
-// partialRetryError is a job retry that reopened some steps and then
-// failed. Its code is its cause's.
-type partialRetryError struct {
-	job      string
-	reopened []string
-	err      error
-}
-
-func (e *partialRetryError) Error() string {
-	return fmt.Sprintf("job %s: reopened %s (a scheduler was asked to run them), then the retry failed: %v",
-		e.job, strings.Join(e.reopened, ", "), e.err)
-}
-
-func (e *partialRetryError) Unwrap() error { return e.err }
-
 // writeError writes err in the error shape with its code's status.
 func writeError(w http.ResponseWriter, err error) {
 	code := ops.CodeOf(err)
@@ -62,9 +45,9 @@ func writeError(w http.ResponseWriter, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="warden"`)
 	}
 	d := ErrorDetail{Code: code, Message: err.Error(), Status: st, Reason: spec.ReasonOf(err)}
-	var pr *partialRetryError
+	var pr *ops.PartialRetryError
 	if errors.As(err, &pr) {
-		d.Reopened = pr.reopened
+		d.Reopened = pr.Reopened
 	}
 	writeJSON(w, st, ErrorBody{Error: d})
 }

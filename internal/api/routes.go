@@ -169,15 +169,11 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 }
 
 // retryJob reopens a finished job's failed, dead-lettered and cancelled
-// steps. A retry that fails part-way (some steps reopened, then an error)
-// has had those steps kicked by ops.RetryJob; its error lists them
-// (ErrorDetail.Reopened).
+// steps. A retry that fails part-way (ops.PartialRetryError) lists the
+// steps it reopened (ErrorDetail.Reopened).
 func (s *Server) retryJob(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	steps, err := s.ops.RetryJob(r.Context(), id)
-	if err != nil && len(steps) > 0 {
-		return &partialRetryError{job: id, reopened: steps, err: err}
-	}
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -84,7 +85,8 @@ func (o *Ops) WaitJob(ctx context.Context, jobID string, every time.Duration) (*
 // RetryJob reopens a finished job's failed, dead-lettered and cancelled
 // steps with a fresh attempt budget (and the steps skipped because of them),
 // and asks a scheduler to run them. A retry that fails part-way returns the
-// steps it did reopen with its error, and has asked for those to run.
+// steps it did reopen and a *PartialRetryError, and has asked for those to
+// run.
 func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, Errorf(CodeNotFound, "job %q: not found", jobID)
@@ -122,8 +124,9 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 				// grace; the caller's deadline may be what stopped the
 				// retry, so the kick has a context of its own (Kick bounds it).
 				dlq.Kick(context.WithoutCancel(ctx), o.nc, jobID)
+				return reopened, &PartialRetryError{Job: jobID, Reopened: reopened, Err: err}
 			}
-			return reopened, err
+			return nil, err
 		}
 		reopened = append(reopened, s.ID)
 	}
@@ -141,6 +144,21 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	dlq.Kick(ctx, o.nc, jobID)
 	return reopened, nil
 }
+
+// PartialRetryError is a job retry that reopened some steps (asking a
+// scheduler to run them) and then failed; its code is its cause's.
+type PartialRetryError struct {
+	Job      string
+	Reopened []string
+	Err      error
+}
+
+func (e *PartialRetryError) Error() string {
+	return fmt.Sprintf("job %s: reopened %s (a scheduler was asked to run them), then the retry failed: %v",
+		e.Job, strings.Join(e.Reopened, ", "), e.Err)
+}
+
+func (e *PartialRetryError) Unwrap() error { return e.Err }
 
 // DrainAgent tells an agent to take no new tasks; running ones finish.
 func (o *Ops) DrainAgent(ctx context.Context, pool, agent string) error {
