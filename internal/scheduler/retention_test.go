@@ -64,11 +64,7 @@ func TestRetentionRunsFromTheJobsEnd(t *testing.T) {
 	}
 	// Once the job has ended, its steps' records expire with it.
 	for _, step := range []string{"a", "b"} {
-		m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+".$KV."+protocol.BucketJobs+"."+protocol.StepKey("job-long", step), nil, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl := m.Header.Get("Nats-TTL"); ttl != "5s" {
+		if ttl := b.recordTTL(t, protocol.StepKey("job-long", step)); ttl != "5s" {
 			t.Errorf("step %s of the finished job: Nats-TTL %q, want 5s", step, ttl)
 		}
 	}
@@ -94,13 +90,19 @@ func TestEndedJobsStepRecordsAllCarryTheRetention(t *testing.T) {
 	b.submitNoReply(t, []byte(sb.String()), "job-wide")
 	b.waitJob(t, "job-wide", jobstore.JobSucceeded)
 	for i := range n {
-		subject := "$KV." + protocol.BucketJobs + "." + protocol.StepKey("job-wide", fmt.Sprintf("s%03d", i))
-		m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+"."+subject, nil, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.Header.Get("Nats-TTL") != jobstore.DefaultRetention.String() {
-			t.Fatalf("step s%03d of the ended job: Nats-TTL %q, want %s", i, m.Header.Get("Nats-TTL"), jobstore.DefaultRetention)
+		if ttl := b.recordTTL(t, protocol.StepKey("job-wide", fmt.Sprintf("s%03d", i))); ttl != jobstore.DefaultRetention.String() {
+			t.Fatalf("step s%03d of the ended job: Nats-TTL %q, want %s", i, ttl, jobstore.DefaultRetention)
 		}
 	}
+}
+
+// recordTTL returns the Nats-TTL header of the job-store record key holds
+// ("" without one), read as stored.
+func (b *bundle) recordTTL(t *testing.T, key string) string {
+	t.Helper()
+	m, err := b.nc.Request("$JS.API.DIRECT.GET.KV_"+protocol.BucketJobs+".$KV."+protocol.BucketJobs+"."+key, nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Header.Get("Nats-TTL")
 }
