@@ -154,7 +154,14 @@ func (e *Env) scaleOnce(tb *runTB, n int, tasksOnly bool) scaleWindow {
 			sf = atMost(sf, 50, "µs")
 		}
 		e.rep.Add(sf)
-
+	}
+	// The bench's own view has served: left running, it would decode every
+	// heartbeat in the fleet's process and take a third of the server's
+	// presence deliveries while Warden's idle and loaded costs are measured.
+	// (It ran on through the idle window until session 16, so idle figures
+	// before then include a third watcher.)
+	vcancel()
+	if !tasksOnly {
 		idle := pick(e, 6*time.Second, 3*time.Second)
 		seq0 := streamSeqs(tb, js)["KV_"+protocol.BucketPresence]
 		meter := newCPUMeter(pids)
@@ -175,11 +182,6 @@ func (e *Env) scaleOnce(tb *runTB, n int, tasksOnly bool) scaleWindow {
 		e.rep.Add(Figure{Section: sec, Key: k("agents_%d_start_s"), Label: k("%d agents: start (consumers + presence)"), Value: startS, Unit: "s"})
 		e.logf("scale %d: idle cores %v, heartbeats %.0f/s", n, cores, hb)
 	}
-	// The bench's own view has served: left running, it would decode every
-	// heartbeat in the fleet's process and take a third of the server's
-	// presence deliveries while Warden's idle and loaded costs are measured.
-	vcancel()
-
 	// Targeted tasks through every agent: single-step jobs pinned to the
 	// agents in turn, at most 500 outstanding, for a fixed time.
 	track := newTracker(tb, js)
