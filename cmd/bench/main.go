@@ -22,6 +22,14 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "agent" {
 		err = runAgent(ctx, os.Args[2:])
 	} else {
+		// The first interrupt lets the phase running stop its processes
+		// and remove its store (a terminal's Ctrl-C has already reached
+		// the children); a second one ends the bench at once.
+		stopAfter := context.AfterFunc(ctx, func() {
+			stop()
+			fmt.Fprintln(os.Stderr, "bench: interrupted: the phase running finishes and cleans up, then the bench stops; interrupt again to quit now")
+		})
+		defer stopAfter()
 		err = run(ctx, os.Args[1:])
 	}
 	if err != nil {

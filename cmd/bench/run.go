@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -76,9 +77,15 @@ func run(ctx context.Context, args []string) error {
 	if *memprofile != "" {
 		defer writeAllocProfile(*memprofile)
 	}
-	_ = ctx // phases bound themselves; Ctrl-C kills the run and its children
 	started := time.Now()
-	rep, err := bench.Run(cfg)
+	rep, err := bench.Run(ctx, cfg)
+	if errors.Is(err, bench.ErrInterrupted) {
+		// A partial run is printed, never written: latest.json is what
+		// the next run compares against.
+		fmt.Println()
+		rep.Print(os.Stdout)
+		return err
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -12,9 +14,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
+// ErrInterrupted is returned by Run when its context ended before every
+// phase ran: the report holds the phases that did.
+var ErrInterrupted = errors.New("bench interrupted")
+
 // Run runs the selected phases and returns the report. A phase that fails
-// is noted and the others still run.
-func Run(cfg Config) (*Report, error) {
+// is noted and the others still run. When ctx ends, the phase running
+// finishes (its processes are stopped and its store removed by its own
+// cleanup) and no other starts: Run returns the report so far and
+// ErrInterrupted.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = os.Stderr
 	}
@@ -57,7 +66,15 @@ func Run(cfg Config) (*Report, error) {
 		if !slices.Contains(cfg.Only, p) {
 			continue
 		}
-		e.logf("=== phase %s", p)
+		if ctx.Err() != nil {
+			e.rep.Note("interrupted before phase %s", p)
+			return e.rep, fmt.Errorf("%w before phase %s", ErrInterrupted, p)
+		}
+		// What earlier phases left in this process (the fleet and trackers
+		// of the scale phase run here) shows before each phase.
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		e.logf("=== phase %s (this process: %d goroutines, heap %.0f MiB)", p, runtime.NumGoroutine(), mib(ms.HeapAlloc))
 		t0 := time.Now()
 		if err := e.phase(p); err != nil {
 			e.logf("phase %s failed: %v", p, err)
