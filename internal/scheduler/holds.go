@@ -10,7 +10,8 @@ import (
 )
 
 // holds counts, per partition, the messages this scheduler keeps
-// unacknowledged for jobs waiting for an agent or a slot (waiter.held).
+// unacknowledged for waiting jobs (waiter.held): for an agent or a slot,
+// or behind a gate or a retry backoff.
 // Bare submissions (on warden.submit, through the consumer all schedulers
 // share, whose max_ack_pending no partition budget bounds) are never held.
 // Every one of them counts against its partition consumer's

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ratelimit"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
@@ -93,12 +94,7 @@ func (b *bundle) waitJobWithin(t *testing.T, id string, want jobstore.JobState, 
 // (4,096) are submitted first, then one job for a pool that has an agent.
 func TestJobsWaitingForAnAbsentPoolDoNotStallThePartition(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{Partitions: 1})
-	store, err := jobstore.Open(context.Background(), js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	b := onePartition(t)
 	b.startScheduler(t, scheduler.Config{Partitions: 1})
 	handagent.Start(t, b.js, "default", "present-1", nil)
 	const waiting = 4200
@@ -193,4 +189,95 @@ func TestBareSubmissionsWaitingForAnAbsentPoolDoNotStallOthers(t *testing.T) {
 	m.Data = []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`)
 	natstest.PublishAll(t, b.js, m)
 	b.waitJobWithin(t, "job-bare-default", jobstore.JobSucceeded, 20*time.Second)
+}
+
+// Jobs held back by a rate limit keep their messages within the partition's
+// hold budget, as jobs waiting for an agent do. Handed back with a delay, a
+// message stays pending on its partition consumer all the same: 4,096 jobs
+// behind a rate limit stopped their partition, and no other job of it was
+// even stored.
+func TestJobsBehindARateLimitDoNotStallThePartition(t *testing.T) {
+	t.Parallel()
+	b := onePartition(t)
+	b.startScheduler(t, scheduler.Config{Partitions: 1,
+		RateLimits: ratelimit.Config{"slow": {Limit: 1, Interval: protocol.Duration(time.Hour), Burst: 1}}})
+	handagent.Start(t, b.js, "default", "present-1", nil)
+	const gated = 4200
+	var msgs []*nats.Msg
+	for i := range gated {
+		msgs = append(msgs, &nats.Msg{Subject: protocol.SubmitSubject(fmt.Sprintf("job-rl-%04d", i)),
+			Data: []byte(`{"name":"rl","steps":[{"id":"s","action":"echo","rate_limit":"slow"}]}`)})
+	}
+	natstest.PublishAll(t, b.js, msgs...)
+	natstest.Eventually(t, 90*time.Second, "the last rate-limited job stored", func() bool {
+		_, _, err := b.store.Job(context.Background(), fmt.Sprintf("job-rl-%04d", gated-1))
+		return err == nil
+	})
+	b.submitNoReply(t, []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`), "job-unrelated")
+	b.waitJobWithin(t, "job-unrelated", jobstore.JobSucceeded, 20*time.Second)
+	// The rate limit still holds them: one ran, the others wait for it.
+	ran := 0
+	for i := range gated {
+		j, _, err := b.store.Job(context.Background(), fmt.Sprintf("job-rl-%04d", i))
+		if err != nil {
+			t.Fatalf("job-rl-%04d: %v", i, err)
+		}
+		if j.State == jobstore.JobSucceeded {
+			ran++
+		}
+	}
+	if ran != 1 {
+		t.Errorf("%d rate-limited jobs ran under a limit of 1 an hour", ran)
+	}
+}
+
+// The same for steps in a retry backoff, whose results' messages wait
+// with them: within the hold budget, the partition's results consumer
+// keeps delivering, and every other result of the partition is applied.
+func TestStepsInABackoffDoNotStallThePartitionsResults(t *testing.T) {
+	t.Parallel()
+	b := onePartition(t)
+	b.startScheduler(t, scheduler.Config{Partitions: 1})
+	a := handagent.Start(t, b.js, "default", "present-1", nil)
+	a.Reply(func(task protocol.Task) protocol.Result {
+		if strings.HasPrefix(task.JobID, "job-flaky-") {
+			return protocol.Result{Status: protocol.ResultFailed, Error: "flaky", ErrorClass: protocol.ClassRetriable}
+		}
+		return protocol.Result{Status: protocol.ResultSucceeded}
+	})
+	const flaky = 5000
+	var msgs []*nats.Msg
+	left := map[string]bool{}
+	for i := range flaky {
+		id := fmt.Sprintf("job-flaky-%04d", i)
+		left[id] = true
+		msgs = append(msgs, &nats.Msg{Subject: protocol.SubmitSubject(id),
+			Data: []byte(`{"name":"flaky","steps":[{"id":"s","action":"echo","max_retries":1,"retry":{"base_backoff":"1h","max_backoff":"1h"}}]}`)})
+	}
+	natstest.PublishAll(t, b.js, msgs...)
+	// Every one's result applied: a stalled consumer leaves some unread.
+	natstest.Eventually(t, 120*time.Second, "every flaky job's step in its backoff", func() bool {
+		for id := range left {
+			st, _, err := b.store.Step(context.Background(), id, "s")
+			if err != nil || st.State != jobstore.StepPending || st.Attempt == 0 {
+				return false
+			}
+			delete(left, id)
+		}
+		return true
+	})
+	b.submitNoReply(t, []byte(`{"name":"small","steps":[{"id":"s","action":"echo"}]}`), "job-unrelated")
+	b.waitJobWithin(t, "job-unrelated", jobstore.JobSucceeded, 20*time.Second)
+}
+
+// onePartition is setup with every job in one partition, so that one
+// partition consumer's limits are what a test reaches.
+func onePartition(t *testing.T) *bundle {
+	t.Helper()
+	srv, nc, js := natstest.Start(t, streams.Options{Partitions: 1})
+	store, err := jobstore.Open(context.Background(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{srv: srv, nc: nc, js: js, store: store}
 }

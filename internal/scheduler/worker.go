@@ -92,10 +92,16 @@ func (w *worker) trimCache() {
 	}
 }
 
-// waiter is a job waiting for an agent or a slot.
+// waiter is a job waiting for an agent or a slot, or held back by a gate
+// (concurrency key, rate limit) or a retry backoff.
 type waiter struct {
 	inFlight int       // its steps in flight when it last found no slot
 	since    time.Time // when it began to wait
+	// gate says it waits for a gate or a backoff, not for an agent: its
+	// own wake (wakeAt) or retryAt brings it back, and presence changes
+	// and freed slots pass it by (waking every gated job at each freed
+	// slot stormed the concurrency key's record).
+	gate bool
 	// held are the job's messages, kept unacknowledged while it waits: the
 	// durable claim on its dispatch if this process dies. Handing them back
 	// to the stream (a Nak with delay) made the server redeliver each
@@ -143,8 +149,10 @@ func (w *worker) expandWakes(batch []input) []input {
 			continue
 		}
 		ids := make([]string, 0, len(w.waiting))
-		for id := range w.waiting {
-			ids = append(ids, id)
+		for id, wt := range w.waiting {
+			if !wt.gate {
+				ids = append(ids, id)
+			}
 		}
 		// Fewest steps in flight first, then the longest waiting.
 		slices.SortFunc(ids, func(a, b string) int {
@@ -563,44 +571,32 @@ func (w *worker) finish(jt *jobTurn) {
 		}
 		w.q.push(input{kind: inContinue, job: jt.id, held: msgs, at: w.s.now()})
 	case jt.wait > 0:
-		// Only a wait for an agent or a slot is woken by presence changes
-		// and freed slots; a gate (concurrency key, rate limit) or a retry
-		// backoff wakes its own job (workflow.go), and waking every gated
-		// job at each freed slot stormed the concurrency key's record.
-		if jt.agentWait {
-			// Held, not handed back: a freed slot, a presence change or
-			// retryAt brings the job back with its messages.
-			now := w.s.now()
-			wt, ok := w.waiting[jt.id]
-			if !ok {
-				wt.since = now
+		// Held, not handed back: a freed slot, a presence change, the
+		// gate's own wake or retryAt brings the job back with its
+		// messages. Handed back with a delay (as gates and backoffs were),
+		// a message stays pending on its partition consumer all the same,
+		// outside the hold budget: 4,096 jobs behind a rate limit stalled
+		// every other job of their partition.
+		now := w.s.now()
+		wt, ok := w.waiting[jt.id]
+		if !ok {
+			wt.since = now
+		}
+		wt.gate = !jt.agentWait
+		wt.inFlight = jt.js.inFlight()
+		wt.retryAt = now.Add(jt.wait)
+		for _, in := range jt.inputs {
+			if in.msg == nil || in.at.IsZero() {
+				continue // held ones keep the waiter's extended
 			}
-			wt.inFlight = jt.js.inFlight()
-			wt.retryAt = now.Add(jt.wait)
-			for _, in := range jt.inputs {
-				if in.msg == nil || in.at.IsZero() {
-					continue // held ones keep the waiter's extended
-				}
-				if wt.extended.IsZero() || in.at.Before(wt.extended) {
-					wt.extended = in.at
-				}
+			if wt.extended.IsZero() || in.at.Before(wt.extended) {
+				wt.extended = in.at
 			}
-			// Not all of them (holds.go): the record says what the job
-			// waits for, and memory wakes it.
-			wt.held = append(wt.held, w.s.holds.hold(jt.id, msgs)...)
-			w.waiting[jt.id] = wt
-			return
 		}
-		delete(w.waiting, jt.id)
-		for _, m := range msgs {
-			_ = m.NakWithDelay(jt.wait)
-		}
-		if len(msgs) == 0 {
-			// No message comes back then (its job's were acknowledged
-			// over the hold budget, or the turn answered an advance
-			// request): a timer does.
-			w.wakeAt(jt.id, w.s.now().Add(jt.wait))
-		}
+		// Not all of them (holds.go): the record says what the job
+		// waits for, and memory wakes it.
+		wt.held = append(wt.held, w.s.holds.hold(jt.id, msgs)...)
+		w.waiting[jt.id] = wt
 	default:
 		if jt.js != nil { // else the turn did not look at the job: its waiter stands
 			delete(w.waiting, jt.id)

@@ -335,9 +335,9 @@ func (w *worker) gateFreed(job string) bool {
 	return true
 }
 
-// gateRedelivery is the least nak delay of a job held back by a gate: its
-// wake (wakeAt) retries it on time, and the message's redelivery is only
-// the durable fallback should this worker die first.
+// gateRedelivery is the least wait of a job held back by a gate before its
+// waiter's retryAt: its wake (wakeAt) retries it on time, and retryAt is
+// only the fallback.
 const gateRedelivery = time.Second
 
 // wakeAt retries a job held back by a gate at the time the gate named: a
