@@ -183,26 +183,25 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 	}
 
 	// At every side effect: once the task is gone, its letter is stored.
-	// The first time the task is seen gone (right before the CAS), the
-	// lease check fails: the advisory is handled again (a retried park).
-	// The next time, the step is renewed under the park (still
-	// dispatched, same epoch), so the park loses its CAS and parks again.
-	// The letter must still be stored once, the first one.
+	// At the first CAS that marks the step (the letter stored), the lease
+	// check fails: the advisory is handled again (a retried park). At the
+	// next, the step is renewed under the park (still dispatched, same
+	// epoch), so the park loses its CAS and parks again. The letter must
+	// still be stored once, the first one.
 	h := p.hooked()
-	var gone atomic.Int32
+	var marks atomic.Int32
 	var reported atomic.Bool
 	var first uint64
 	h.hook = func() bool {
-		if !taskGone(t, queue, seq) {
-			return false
-		}
-		stored := p.letters(t, genuine)
-		if len(stored) == 0 && !reported.Swap(true) {
+		if taskGone(t, queue, seq) && len(p.letters(t, genuine)) == 0 && !reported.Swap(true) {
 			t.Errorf("task deleted while no genuine dead letter is stored")
 		}
-		switch gone.Add(1) {
+		if !inStepWrite() {
+			return false
+		}
+		switch marks.Add(1) {
 		case 1:
-			if len(stored) > 0 {
+			if stored := p.letters(t, genuine); len(stored) > 0 {
 				first = stored[0].Sequence
 			}
 			return true
@@ -219,8 +218,8 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.hook = nil
-	if gone.Load() < 2 {
-		t.Fatalf("the park was not retried (%d checks after the task's delete)", gone.Load())
+	if marks.Load() < 2 {
+		t.Fatalf("the park was not retried (%d CAS checks)", marks.Load())
 	}
 	st, _, err := p.store.Step(ctx, "job-f", "s")
 	if err != nil || st.State != jobstore.StepDeadLettered {
@@ -278,16 +277,19 @@ func TestForgedMessageIDDoesNotSuppressADeadLetter(t *testing.T) {
 	}
 }
 
-// succeedUnder hooks p's term so that, the first time the task at seq has
-// left queue (the park stored its letter and deleted the task, and is
-// about to mark the step), the step is recorded as succeeded: the agent's
+// succeedUnder hooks p's term so that, the first time a park is about to
+// mark the step (it stored its letter; the task at seq of queue is still
+// there until the mark), the step is recorded as succeeded: the agent's
 // result won the race, and the park's CAS conflicts. fired says whether
 // that happened.
 func succeedUnder(t *testing.T, p *parts, queue jetstream.Stream, seq uint64, job string) (fired *atomic.Bool) {
 	fired = &atomic.Bool{}
 	p.hooked().hook = func() bool {
-		if fired.Load() || !taskGone(t, queue, seq) {
+		if fired.Load() || !inStepWrite() {
 			return false
+		}
+		if taskGone(t, queue, seq) {
+			t.Errorf("the task was deleted before its step was marked")
 		}
 		fired.Store(true)
 		p.changeStep(t, job, func(st *jobstore.Step) error {
@@ -300,8 +302,8 @@ func succeedUnder(t *testing.T, p *parts, queue jetstream.Stream, seq uint64, jo
 	return fired
 }
 
-// A park stores its letter (and deletes the task) before the CAS that
-// marks the step dead_lettered. When that CAS lost to a result and the
+// A park stores its letter before the CAS that marks the step
+// dead_lettered (and deletes the task only after it, see park). When that CAS lost to a result and the
 // step turned out to have moved on, its callers (exhausted, the
 // releaser's poison, the transfer give-up) just returned, and the letter
 // stayed in WARDEN_DLQ for a step that succeeded: `dlq ls` showed it, and
@@ -379,7 +381,7 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		c := cause{status: statusTransferred, reason: "agent a5 failed", agent: "a5", epoch: 1, suspect: true, task: raw}
 		var fired, inner atomic.Bool
 		p.hooked().hook = func() bool {
-			if inner.Load() || fired.Load() || !taskGone(t, queue, seq) {
+			if inner.Load() || fired.Load() || !inStepWrite() {
 				return false
 			}
 			fired.Store(true)
@@ -400,6 +402,9 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		if n := p.msgs(t, protocol.StreamDLQ); n != 1 {
 			t.Fatalf("%d dead letters for a dead-lettered step, want 1", n)
 		}
+		if !taskGone(t, queue, seq) {
+			t.Fatal("poison task still queued after its step was parked")
+		}
 	})
 
 	// A park that lost its CAS to a renewal (still dispatched, same
@@ -412,7 +417,7 @@ func TestLetterOfAParkThatLostToAResultIsWithdrawn(t *testing.T) {
 		queue, seq, raw := p.dispatchedTask(t, "job-r", "a4")
 		var renewed atomic.Bool
 		p.hooked().hook = func() bool {
-			if renewed.Load() || !taskGone(t, queue, seq) {
+			if renewed.Load() || !inStepWrite() {
 				return false
 			}
 			renewed.Store(true)

@@ -38,12 +38,14 @@ const (
 	OutcomeNothing     = "nothing_to_move"
 )
 
-// failover moves a failed agent's work: every task in its own queue whose
-// step the agent still holds at the task's epoch is released (a scheduler
-// re-dispatches it with a new epoch), a step of a cancelled job ends
-// cancelled, a step that keeps killing its agents is parked; then the task
-// message is deleted from the agent's queue. It touches only the queue its
-// pool and id derive (see queue), never what a presence record names.
+// failover moves an agent's work (a failed agent's, or a present one's
+// that healing or an operator moves: see transferLive): every task in its
+// own queue whose step the agent still holds at the task's epoch is
+// released (a scheduler re-dispatches it with a new epoch), a step of a
+// cancelled job ends cancelled, a step that keeps killing its agents is
+// parked; then the task message is deleted from the agent's queue. It
+// touches only the queue its pool and id derive (see queue), never what a
+// presence record names.
 type failover struct {
 	js      jetstream.JetStream
 	term    *term
@@ -58,9 +60,25 @@ type failover struct {
 	transfers *transfers
 }
 
-// transfer fails over agent pool.agent now; trigger names what caused it
-// (a departure, an operator, health) and makes the record's id.
+// transfer fails over agent pool.agent, which departed, now; trigger names
+// what caused it (a departure) and makes the record's id. The tasks it had
+// in hand count towards their steps' poison threshold: the agent may have
+// died of one of them.
 func (f *failover) transfer(ctx context.Context, pool, agent, trigger string) (FailoverRecord, error) {
+	return f.move(ctx, pool, agent, trigger, true)
+}
+
+// transferLive moves the queue of agent pool.agent, which is present (a
+// healing drain or failover, an operator's order), as transfer does; but
+// the tasks it had in hand do not count towards poison: nothing crashed,
+// and counting them dead-lettered a long step moved off three drained
+// agents as poison. Only departures and lease expiries count.
+func (f *failover) transferLive(ctx context.Context, pool, agent, trigger string) (FailoverRecord, error) {
+	return f.move(ctx, pool, agent, trigger, false)
+}
+
+// move moves agent pool.agent's queue; gone says the agent departed.
+func (f *failover) move(ctx context.Context, pool, agent, trigger string, gone bool) (FailoverRecord, error) {
 	rec := FailoverRecord{ID: failoverID(pool, agent, trigger), Agent: agent, Pool: pool, StartedAt: f.term.now().UTC()}
 	q, ok := agentQueue(pool, agent, f.shards)
 	if !ok {
@@ -69,7 +87,7 @@ func (f *failover) transfer(ctx context.Context, pool, agent, trigger string) (F
 	if err := f.term.fence(); err != nil {
 		return rec, err
 	}
-	moved, err := f.drainQueue(ctx, q, &rec)
+	moved, err := f.drainQueue(ctx, q, gone, &rec)
 	if err != nil {
 		return rec, err
 	}
@@ -88,8 +106,9 @@ func failoverID(pool, agent, trigger string) string {
 
 // drainQueue releases the step of every task in q and deletes the task;
 // it returns the steps released, by job (a job with no step is one whose
-// step was parked or cancelled: it must move on too).
-func (f *failover) drainQueue(ctx context.Context, q queue, rec *FailoverRecord) (map[string][]string, error) {
+// step was parked or cancelled: it must move on too). gone says q's agent
+// departed (see transfer).
+func (f *failover) drainQueue(ctx context.Context, q queue, gone bool, rec *FailoverRecord) (map[string][]string, error) {
 	stream, err := f.js.Stream(ctx, q.stream)
 	if err != nil {
 		return nil, fmt.Errorf("task stream %s: %w", q.stream, err)
@@ -114,7 +133,7 @@ func (f *failover) drainQueue(ctx context.Context, q queue, rec *FailoverRecord)
 		if raw.Subject != q.subject {
 			continue // never: the read is filtered on the agent's own subject
 		}
-		if err := f.transferTask(ctx, q, raw, raw.Sequence <= delivered, moved, rec); err != nil {
+		if err := f.transferTask(ctx, q, raw, gone, raw.Sequence <= delivered, moved, rec); err != nil {
 			return nil, err
 		}
 		if err := f.term.deleteMsg(ctx, stream, raw.Sequence); err != nil {
@@ -123,17 +142,25 @@ func (f *failover) drainQueue(ctx context.Context, q queue, rec *FailoverRecord)
 	}
 }
 
-// transferTask releases the step one queued task stands for.
-func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.RawStreamMsg, inFlight bool,
+// transferTask releases the step one queued task stands for; inFlight says
+// the agent's consumer delivered it. It is a suspect (see cause) only if
+// the agent departed with it in hand.
+func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.RawStreamMsg, gone, inFlight bool,
 	moved map[string][]string, rec *FailoverRecord) error {
 	job, step := raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep)
 	epoch, _ := strconv.ParseUint(raw.Header.Get(protocol.HeaderEpoch), 10, 64)
 	if !protocol.ValidToken(job) || !protocol.ValidToken(step) || epoch == 0 {
-		return nil // not a task of ours; deleted from the dead agent's queue
+		return nil // not a task of ours; deleted from the agent's queue
 	}
-	out, err := f.release.release(ctx, job, step, cause{status: statusTransferred, reason: "agent " + q.agent + " failed",
-		agent: q.agent, epoch: epoch, suspect: inFlight, task: raw})
-	if err != nil {
+	reason := "agent " + q.agent + " failed"
+	if !gone {
+		reason = "moved off agent " + q.agent + ", present"
+	}
+	out, err := f.release.release(ctx, job, step, cause{status: statusTransferred, reason: reason,
+		agent: q.agent, epoch: epoch, suspect: gone && inFlight, task: raw})
+	// A park that committed but kept its task is a park: drainQueue
+	// deletes the task next, as it deletes every task it moves.
+	if err != nil && (out != parked || !errors.Is(err, errTaskKept)) {
 		return err
 	}
 	switch out {

@@ -154,7 +154,7 @@ func (h *healer) order(ctx context.Context, p protocol.Presence, from, want stri
 
 func (h *healer) transfer(ctx context.Context, p protocol.Presence, why string) {
 	trigger := "health:" + why + ":" + p.HeartbeatAt.UTC().Format(time.RFC3339Nano)
-	rec, err := h.failover.transfer(ctx, p.Pool, p.ID, trigger)
+	rec, err := h.failover.transferLive(ctx, p.Pool, p.ID, trigger) // p is present: its tasks are no suspects
 	if err == nil && rec.TasksMoved > 0 {
 		h.assessor.lostTasks(protocol.PresenceKey(p.Pool, p.ID), rec.TasksMoved, h.term.now())
 	}

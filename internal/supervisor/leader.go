@@ -211,7 +211,14 @@ func (l *leader) manualFailover(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	l.log.Warn().Str("agent", key).Msg("failover requested by an operator")
-	rec, err := l.failover.transfer(ctx, pool, agent, "operator:"+nuid.Next())
+	move := l.failover.transferLive
+	if present, err := l.suspects.present(ctx, pool, agent); err == nil && !present {
+		// Gone already: as a departure, its tasks in hand are suspects.
+		// Present, or not seen, they are not: a step must not be
+		// dead-lettered as poison for being moved off live agents.
+		move = l.failover.transfer
+	}
+	rec, err := move(ctx, pool, agent, "operator:"+nuid.Next())
 	if err != nil {
 		_ = m.Respond(protocol.ErrorReply(protocol.CodeFailed, err))
 		return

@@ -100,6 +100,9 @@ func (r *releaser) release(ctx context.Context, job, step string, c cause) (rele
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
+		if errors.Is(err, errTaskKept) {
+			r.dead.withdraw(ctx, sent, st, l) // parked: only its task is left over
+		}
 		if err != nil {
 			return out, err
 		}
@@ -140,6 +143,9 @@ func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c c
 	case c.suspect && st.Recoveries+1 >= r.poison:
 		why := fmt.Sprintf("poison: taken back from its agent %d times (last: %s)", st.Recoveries+1, c.reason)
 		letter, err := r.dead.park(ctx, st, rev, protocol.DLQPoison, why, c.task, 0)
+		if errors.Is(err, errTaskKept) {
+			return parked, letter, err
+		}
 		if err != nil {
 			return untouched, letter, err
 		}
@@ -153,10 +159,17 @@ func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c c
 
 // cancelWanted reports whether the step or its job is to be cancelled.
 func (r *releaser) cancelWanted(ctx context.Context, st *jobstore.Step) (bool, error) {
+	return cancelWanted(ctx, r.store, st)
+}
+
+// cancelWanted reports whether the step or its job is to be cancelled:
+// then cancel wins over every other way of taking the step back (requeue,
+// poison or max-deliveries park, transfer give-up).
+func cancelWanted(ctx context.Context, store *jobstore.Store, st *jobstore.Step) (bool, error) {
 	if st.Desired == jobstore.StepCancelled {
 		return true, nil
 	}
-	job, _, err := r.store.Job(ctx, st.JobID)
+	job, _, err := store.Job(ctx, st.JobID)
 	if errors.Is(err, jobstore.ErrNotFound) {
 		return false, nil
 	}
@@ -187,21 +200,30 @@ func (r *releaser) requeue(ctx context.Context, st *jobstore.Step, rev uint64, c
 // confirmed the cancel: its lease ended (or its agent failed), so nothing
 // runs it any more, and it is never dispatched again.
 func (r *releaser) cancel(ctx context.Context, st *jobstore.Step, rev uint64, c cause) error {
-	now := r.term.now().UTC()
+	return endCancelled(ctx, r.term, r.log, st, rev, c.reason)
+}
+
+// endCancelled writes st (at rev) ended cancelled; reason says what ended
+// the dispatch the agent did not confirm the cancel of.
+func endCancelled(ctx context.Context, t *term, log zerolog.Logger, st *jobstore.Step, rev uint64, reason string) error {
+	now := t.now().UTC()
 	agent, epoch := st.Actor, st.Epoch
-	why := protocol.ErrorCancelled + ": the agent did not confirm the cancel before " + c.reason
+	why := protocol.ErrorCancelled + ": the agent did not confirm the cancel before " + reason
 	if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == st.Epoch {
-		st.Attempts[n-1].Status, st.Attempts[n-1].Error, st.Attempts[n-1].FinishedAt = string(jobstore.StepCancelled), c.reason, now
+		st.Attempts[n-1].Status, st.Attempts[n-1].Error, st.Attempts[n-1].FinishedAt = string(jobstore.StepCancelled), reason, now
 	}
 	st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
 	st.LastError, st.UpdatedAt, st.FinishedAt, st.LockedUntil = why, now, now, time.Time{}
-	if _, err := r.term.updateStep(ctx, st, rev); err != nil {
+	if _, err := t.updateStep(ctx, st, rev); err != nil {
 		return err
 	}
-	r.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
-		Str("reason", c.reason).Msg("step of a cancelled job ended cancelled; not re-dispatched")
-	r.note(ctx, protocol.Event{Kind: protocol.EventStepCancelled, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
-		Agent: agent, Reason: why, Data: map[string]string{"epoch": strconv.FormatUint(epoch, 10)}})
+	log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
+		Str("reason", reason).Msg("step of a cancelled job ended cancelled; not re-dispatched")
+	e := protocol.Event{Kind: protocol.EventStepCancelled, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+		Agent: agent, Reason: why, Data: map[string]string{"epoch": strconv.FormatUint(epoch, 10)}}
+	if err := t.event(ctx, e); err != nil {
+		log.Warn().Err(err).Str("kind", string(e.Kind)).Str(logging.FieldJob, e.JobID).Msg("event not published")
+	}
 	return nil
 }
 

@@ -267,7 +267,11 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 }
 
 // giveUp dead-letters the step (transfer_timeout), unless its job is being
-// cancelled: then it ends cancelled as any released step would.
+// cancelled: then it ends cancelled as any released step would. raw is the
+// step's task in the member's queue, if judge found one: a park deletes it
+// only once its step is marked (see park), so a give-up interrupted before
+// that finds it again when judged again, not taken up; a step that moved on
+// to its end meanwhile needs it no more.
 func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string, raw *jetstream.RawStreamMsg) error {
 	why := cluster.TransferGiveUpReason(w.cluster, member, w.policy)
 	// The letters of parks that lost their CAS: withdrawn if the step
@@ -277,6 +281,7 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		st, rev, err := x.store.Step(ctx, w.job, w.step)
 		if errors.Is(err, jobstore.ErrNotFound) {
 			x.dead.withdraw(ctx, sent, nil, parkedLetter{})
+			x.dropTask(ctx, raw)
 			return nil
 		}
 		if err != nil {
@@ -284,6 +289,7 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		}
 		if st.State.Terminal() {
 			x.dead.withdraw(ctx, sent, st, parkedLetter{})
+			x.dropTask(ctx, raw)
 			return nil
 		}
 		if cw, err := x.release.cancelWanted(ctx, st); err != nil || cw {
@@ -309,9 +315,11 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, errTaskKept) {
 			return err
 		}
+		// Parked; a task it could not delete stays in the member's queue
+		// (logged by park): if it runs, its result is stale.
 		x.dead.withdraw(ctx, sent, st, l)
 		x.log.Error().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("cluster", w.cluster).
 			Int("retries", w.retries).Msg("transferred step never taken up: dead-lettered")
@@ -319,4 +327,20 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		return nil
 	}
 	return jobstore.ErrConflict
+}
+
+// dropTask deletes raw, the task of a step that ended, from its member's
+// queue (nil: none); a failure is logged: if it runs, its result is stale.
+func (x *transfers) dropTask(ctx context.Context, raw *jetstream.RawStreamMsg) {
+	if raw == nil {
+		return
+	}
+	q, ok := taskOwner(raw.Subject, x.shards)
+	if !ok {
+		return
+	}
+	if err := x.dead.deleteTask(ctx, q.stream, raw.Sequence); err != nil {
+		x.log.Warn().Err(err).Str(logging.FieldJob, raw.Header.Get(protocol.HeaderJob)).Uint64("task_seq", raw.Sequence).
+			Msg("task of an ended step not deleted from the member's queue")
+	}
 }
