@@ -99,7 +99,8 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			continue
 		}
 		if st.NotBefore.After(now) {
-			// A retry in its backoff: the job's message comes back then.
+			// A retry in its backoff: its waiter's retryAt brings the job
+			// back then.
 			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
 			waitAtLeast(st.NotBefore.Sub(now))

@@ -244,11 +244,19 @@ func (w *worker) takeHeld(id string) []jetstream.Msg {
 
 // handBackHeld returns every held message to its stream when the worker
 // stops, so that the scheduler taking its partition has them at once
-// rather than after the ack wait.
+// rather than after the ack wait. A job behind a gate or a backoff comes
+// back when it is due, at most an ack wait from now (the longest a message
+// held for it would have taken): all at once, thousands of them asked
+// their gates together at the new owner.
 func (w *worker) handBackHeld() {
+	now := w.s.now()
 	for id, wt := range w.waiting {
 		for _, m := range wt.held {
-			_ = m.Nak()
+			if d := min(wt.retryAt.Sub(now), w.s.cfg.AckWait.Std()); wt.gate && d > 0 {
+				_ = m.NakWithDelay(d)
+			} else {
+				_ = m.Nak()
+			}
 		}
 		w.s.holds.give(id, len(wt.held))
 	}
@@ -283,10 +291,10 @@ type jobTurn struct {
 	grants map[int][]gateGrant
 	err    error // a lost CAS or a store error: the inputs are retried
 	more   bool  // more ready steps than one slice: continue
-	// wait, when set, says the job waits (no agent, a retry's backoff):
-	// it is tried again after this delay if nothing wakes it first. A job
-	// waiting for an agent or a slot keeps its messages (waiter.held); any
-	// other wait hands them back to be redelivered then.
+	// wait, when set, says the job waits (no agent, a gate, a retry's
+	// backoff): it is tried again after this delay if nothing wakes it
+	// first. It keeps its messages meanwhile (waiter.held, within the hold
+	// budget).
 	wait     time.Duration
 	finished bool
 	// fresh says the job's state was read from the store (or created) in
@@ -579,7 +587,9 @@ func (w *worker) finish(jt *jobTurn) {
 		// every other job of their partition.
 		now := w.s.now()
 		wt, ok := w.waiting[jt.id]
-		if !ok {
+		if !ok || wt.gate != !jt.agentWait {
+			// A wait of another kind begins: one that waited an hour
+			// behind a rate limit has not waited that long for an agent.
 			wt.since = now
 		}
 		wt.gate = !jt.agentWait
