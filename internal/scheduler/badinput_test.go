@@ -235,3 +235,75 @@ func TestReplyToOutsideAnInboxIsNotAnswered(t *testing.T) {
 		t.Fatalf("victim's record was overwritten: %+v, %v", j, err)
 	}
 }
+
+// A submission whose job record would not fit one message (max_spec_bytes
+// raised to the payload limit, a single-step job's record holding its spec
+// and its step's params) is refused with a reason. Before, the record's
+// create failed with "maximum payload exceeded" and the submission was
+// handed back every few seconds for ever: never stored, never refused.
+func TestSubmissionWhoseRecordCannotFitIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{MaxSpecBytes: 1 << 20})
+	blob := strings.Repeat("x", 600<<10)
+	r := b.submit(t, []byte(`{"name":"big","steps":[{"id":"s","action":"echo","params":{"b":"`+blob+`"}}]}`), "job-big", "")
+	if r.Error == "" || !strings.Contains(r.Error, "max_payload") {
+		t.Fatalf("a job whose record cannot be written was answered %+v, want a refusal naming max_payload", r)
+	}
+	natstest.Eventually(t, 10*time.Second, "submission_rejected too_large", func() bool {
+		for _, e := range b.events(t, protocol.EventSubmissionRejected, "job-big") {
+			if e.Data["reason"] == "too_large" {
+				return true
+			}
+		}
+		return false
+	})
+	natstest.Eventually(t, 10*time.Second, "the submission settled", func() bool {
+		return pending(t, b.js, protocol.StreamSubmit) == 0
+	})
+	if _, _, err := b.store.Job(context.Background(), "job-big"); err == nil {
+		t.Error("the refused job was stored")
+	}
+}
+
+// A result whose output would make its step's record larger than one
+// message (an agent in another language, not bound by the Go SDK's
+// max_result_bytes) fails the step for good, saying why. Before, the
+// record's write failed and the result was handed back for ever; the step
+// waited for its lease, was run again, and the same happened.
+func TestResultTooLargeForItsRecordFailsTheStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := handagent.Start(t, b.js, "default", "holder", nil)
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	a.Reply(func(protocol.Task) protocol.Result {
+		<-release
+		return protocol.Result{Status: protocol.ResultSucceeded}
+	})
+	params := strings.Repeat("p", 200<<10)
+	b.submitNoReply(t, []byte(`{"name":"out","steps":[{"id":"s","action":"echo","params":{"p":"`+params+`"}}]}`), "job-out")
+	var st *jobstore.Step
+	natstest.Eventually(t, 10*time.Second, "dispatched", func() bool {
+		var err error
+		st, _, err = b.store.Step(context.Background(), "job-out", "s")
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	now := time.Now().UTC()
+	out := mustJSON(t, map[string]string{"o": strings.Repeat("o", 700<<10)})
+	if err := handagent.PublishResult(context.Background(), b.js, protocol.Result{JobID: "job-out", StepID: "s", Epoch: st.Epoch,
+		Agent: "holder", Pool: "default", Status: protocol.ResultSucceeded, Output: out, StartedAt: now, FinishedAt: now, Token: st.Token}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitJobWithin(t, "job-out", jobstore.JobFailed, 20*time.Second)
+	once.Do(func() { close(release) }) // the holder's own result, stale now, while the connection is up
+	st, _, err := b.store.Step(context.Background(), "job-out", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != jobstore.StepFailed || !strings.Contains(st.LastError, "max_payload") || len(st.Output) != 0 {
+		t.Errorf("step %s, error %q, %d bytes of output; want failed, naming max_payload, without the output", st.State, st.LastError, len(st.Output))
+	}
+}

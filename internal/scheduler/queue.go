@@ -43,7 +43,11 @@ type input struct {
 	result *protocol.Result
 	// tries counts how often the input met a lost compare-and-set.
 	tries int
-	at    time.Time
+	// tooLarge says a write this input caused was larger than the server
+	// takes in one message (max_payload): applied again, a submission is
+	// refused and a result fails its step without its output (retry).
+	tooLarge bool
+	at       time.Time
 }
 
 // queue is a worker's unbounded FIFO of inputs. It never blocks the

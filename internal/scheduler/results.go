@@ -61,6 +61,10 @@ func decodeResult(msg jetstream.Msg) (*protocol.Result, string, error) {
 	return &r, "", nil
 }
 
+// tooLargeErrorBytes is how much of a failed result's error a step keeps
+// when the whole result made its record too large.
+const tooLargeErrorBytes = 4096
+
 // applyResult applies an agent's result to its step: fenced by epoch,
 // actor and lease token; then the step's direct dependents become ready.
 func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
@@ -69,6 +73,18 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	if reason != "" {
 		w.s.rejectResult(jt, k, reason, err, r)
 		return
+	}
+	if in.tooLarge && r.Status == protocol.ResultSucceeded {
+		// Its output made the step's record too large to write: the step
+		// fails, for good, saying so (retried, it would make the same).
+		r.Status, r.ErrorClass = protocol.ResultFailed, protocol.ClassPermanent
+		r.Error = fmt.Sprintf("the step's output (%d bytes) makes its record larger than the server takes in one message (max_payload): the output was dropped", len(r.Output))
+		r.Output = nil
+	} else if in.tooLarge {
+		r.Output = nil
+		if len(r.Error) > tooLargeErrorBytes {
+			r.Error = r.Error[:tooLargeErrorBytes] + "… (cut: the record was too large)"
+		}
 	}
 	js := jt.js
 	i, ok := js.byID[r.StepID]

@@ -624,10 +624,21 @@ func (w *worker) retry(jt *jobTurn) {
 	w.releaseAdmitted(jt)
 	delete(w.cache, jt.id)
 	conflict := errors.Is(jt.err, jobstore.ErrConflict) || errors.Is(jt.err, jobstore.ErrExists)
+	// A record larger than one message is never written, however often
+	// it is tried: the submission or result that made it is applied once
+	// more as a refusal (handed back, it came back for ever, and the job
+	// was never stored or its step never ended).
+	tooLarge := errors.Is(jt.err, nats.ErrMaxPayload)
 	var again []input
 	for _, in := range jt.inputs {
 		in.tries++
 		if in.tries < maxTries && conflict {
+			again = append(again, in)
+			continue
+		}
+		if tooLarge && !in.tooLarge && (in.kind == inSubmit || in.kind == inResult) {
+			w.log.Error().Err(jt.err).Str(logging.FieldJob, jt.id).Msg("a record is too large for one message: applying its input again as a refusal")
+			in.tooLarge = true
 			again = append(again, in)
 			continue
 		}
