@@ -12,6 +12,7 @@ import (
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/test/handagent"
 )
@@ -92,4 +93,41 @@ func TestCancelOfARunningLargeJobIsFinal(t *testing.T) {
 	if cancelled == 0 {
 		t.Fatal("no step was cancelled")
 	}
+}
+
+// A cancel handled by a scheduler that does not own the job (advance
+// requests go to any scheduler) leaves the owner's cached copy stale, and
+// a waiting job's wakes write nothing, so no lost CAS corrects it: the
+// owner kept the cancelled jobs' submissions unacknowledged, extended for
+// ever. A wake wait_retry after the owner's last read reads the job again.
+func TestCancelElsewhereReleasesTheOwnersHeldMessages(t *testing.T) {
+	t.Parallel()
+	b := onePartition(t)
+	cfg := scheduler.Config{Partitions: 1, WaitRetry: protocol.Duration(time.Second)}
+	b.startScheduler(t, cfg)
+	b.startScheduler(t, cfg)
+	const n = 12
+	for i := range n {
+		b.submitNoReply(t, []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"}]}`), fmt.Sprintf("job-z-%02d", i))
+	}
+	for i := range n {
+		id := fmt.Sprintf("job-z-%02d", i)
+		natstest.Eventually(t, 10*time.Second, id+" waiting for the gpu pool", func() bool {
+			st, _, err := b.store.Step(context.Background(), id, "s")
+			return err == nil && st.State == jobstore.StepPending && st.Waiting != ""
+		})
+	}
+	// Through either scheduler: each has its share of the requests.
+	cl := client.New(b.js, client.Options{})
+	for i := range n {
+		if _, err := cl.Cancel(context.Background(), fmt.Sprintf("job-z-%02d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		b.waitJobWithin(t, fmt.Sprintf("job-z-%02d", i), jobstore.JobCancelled, 10*time.Second)
+	}
+	natstest.Eventually(t, 15*time.Second, "no cancelled job's submission held", func() bool {
+		return pending(t, b.js, protocol.StreamSubmit) == 0
+	})
 }

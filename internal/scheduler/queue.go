@@ -43,6 +43,9 @@ type input struct {
 	result *protocol.Result
 	// tries counts how often the input met a lost compare-and-set.
 	tries int
+	// reload says the job's cached records are to be read again before
+	// this input is applied (dueRetries: a waiter's copy may be stale).
+	reload bool
 	// tooLarge says a write this input caused was larger than the server
 	// takes in one message (max_payload): applied again, a submission is
 	// refused and a result fails its step without its output (retry).

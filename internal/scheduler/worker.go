@@ -115,6 +115,14 @@ type waiter struct {
 	// delivery, or the last InProgress); past half the ack wait they are
 	// extended.
 	extended time.Time
+	// readAt is when the job's records were last read from the store. A
+	// cached copy goes stale when another scheduler changes the job (an
+	// advance request, a cancel among them, goes to any scheduler), and a
+	// waiting job's wakes write nothing, so no lost CAS tells this one: it
+	// kept a cancelled job's messages, extended for ever, and its place in
+	// the priority backlog. A wake at least wait_retry after the last read
+	// reads the job again.
+	readAt time.Time
 }
 
 // wakeBudget is how many waiting jobs one wake retries in a worker. A wake
@@ -222,7 +230,7 @@ func (w *worker) dueRetries(now time.Time) []input {
 			w.waiting[id] = wt
 		}
 		if len(out) < turnInputs && !wt.retryAt.After(now) {
-			out = append(out, input{kind: inWake, job: id, at: now})
+			out = append(out, input{kind: inWake, job: id, at: now, reload: now.Sub(wt.readAt) >= w.s.cfg.WaitRetry.Std()})
 		}
 	}
 	return out
@@ -357,9 +365,9 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 				delete(w.wakes, in.job)
 			}
 		}
-		if in.kind == inAdvance {
-			// Someone else changed the job (released a step, cancelled it):
-			// what this worker cached is out of date.
+		if in.kind == inAdvance || in.reload {
+			// Someone else changed the job (released a step, cancelled it),
+			// or may have: what this worker cached is out of date.
 			delete(w.cache, in.job)
 		}
 		jt.inputs = append(jt.inputs, in)
@@ -593,6 +601,9 @@ func (w *worker) finish(jt *jobTurn) {
 			wt.since = now
 		}
 		wt.gate = !jt.agentWait
+		if !ok || jt.fresh {
+			wt.readAt = now
+		}
 		wt.inFlight = jt.js.inFlight()
 		wt.retryAt = now.Add(jt.wait)
 		for _, in := range jt.inputs {
