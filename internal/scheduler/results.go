@@ -61,9 +61,10 @@ func decodeResult(msg jetstream.Msg) (*protocol.Result, string, error) {
 	return &r, "", nil
 }
 
-// tooLargeErrorBytes is how much of a failed result's error a step keeps
-// when the whole result made its record too large.
-const tooLargeErrorBytes = 4096
+// tooLargeKeepBytes is how large a result of a turn whose write was too
+// large may be and still be applied as it is; a larger one loses its
+// output, and its error is cut to this.
+const tooLargeKeepBytes = 4096
 
 // applyResult applies an agent's result to its step: fenced by epoch,
 // actor and lease token; then the step's direct dependents become ready.
@@ -74,18 +75,6 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		w.s.rejectResult(jt, k, reason, err, r)
 		return
 	}
-	if in.tooLarge && r.Status == protocol.ResultSucceeded {
-		// Its output made the step's record too large to write: the step
-		// fails, for good, saying so (retried, it would make the same).
-		r.Status, r.ErrorClass = protocol.ResultFailed, protocol.ClassPermanent
-		r.Error = fmt.Sprintf("the step's output (%d bytes) makes its record larger than the server takes in one message (max_payload): the output was dropped", len(r.Output))
-		r.Output = nil
-	} else if in.tooLarge {
-		r.Output = nil
-		if len(r.Error) > tooLargeErrorBytes {
-			r.Error = r.Error[:tooLargeErrorBytes] + "… (cut: the record was too large)"
-		}
-	}
 	js := jt.js
 	i, ok := js.byID[r.StepID]
 	var st *jobstore.Step
@@ -94,6 +83,19 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		if alreadyApplied(st, *r) {
 			return // a redelivery after the write: the advance below is all that is left
 		}
+	}
+	if in.tooLarge && len(r.Output)+len(r.Error) > tooLargeKeepBytes {
+		// A write of this turn was too large for one message, and this
+		// result is big enough to be why: the step fails, for good, saying
+		// so (retried, it would make the same output). A small result of
+		// the same turn is applied as it is.
+		if r.Status == protocol.ResultSucceeded {
+			r.Status, r.ErrorClass = protocol.ResultFailed, protocol.ClassPermanent
+			r.Error = fmt.Sprintf("the step's output (%d bytes) makes its record larger than the server takes in one message (max_payload): the output was dropped", len(r.Output))
+		} else if len(r.Error) > tooLargeKeepBytes {
+			r.Error = r.Error[:tooLargeKeepBytes] + "… (cut: the record was too large)"
+		}
+		r.Output = nil
 	}
 	fits := ok && r.Epoch == st.Epoch && st.State == jobstore.StepDispatched && r.Agent == st.Actor && r.Pool == st.Pool && st.TokenMatches(r.Token)
 	if !fits && !jt.fresh {

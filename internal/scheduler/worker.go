@@ -220,6 +220,7 @@ func (w *worker) dueRetries(now time.Time) []input {
 	}
 	w.lastSweep = now
 	var out []input
+	reloads := 0
 	extendAfter := w.s.cfg.AckWait.Std() / 2
 	for id, wt := range w.waiting {
 		if len(wt.held) > 0 && now.Sub(wt.extended) >= extendAfter {
@@ -230,10 +231,43 @@ func (w *worker) dueRetries(now time.Time) []input {
 			w.waiting[id] = wt
 		}
 		if len(out) < turnInputs && !wt.retryAt.After(now) {
-			out = append(out, input{kind: inWake, job: id, at: now, reload: now.Sub(wt.readAt) >= w.s.cfg.WaitRetry.Std()})
+			in := input{kind: inWake, job: id, at: now}
+			if reloads < reloadBudget && now.Sub(wt.readAt) >= w.s.cfg.WaitRetry.Std() {
+				in.reload = true
+				reloads++
+			}
+			out = append(out, in)
 		}
 	}
 	return out
+}
+
+// reloadBudget bounds the waiting jobs one sweep asks the store about
+// (changedElsewhere): jobs submitted together wait and come due together,
+// and each question is a read inside the worker's turn.
+const reloadBudget = 16
+
+// changedElsewhere says whether job's record changed since this worker
+// cached it: a read of the job record against the cached revision, so that
+// a job whose dispatch round is under way keeps its round unless another
+// scheduler wrote it. The waiter counts it as read either way; a read that
+// fails changes nothing until the next one.
+func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
+	if wt, ok := w.waiting[job]; ok {
+		wt.readAt = w.s.now()
+		w.waiting[job] = wt
+	}
+	js := w.cache[job]
+	if js == nil {
+		return false // read afresh anyway
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
+	defer cancel()
+	_, rev, err := w.s.store.Job(rctx, job)
+	if errors.Is(err, jobstore.ErrNotFound) {
+		return true // gone: reading it again says so
+	}
+	return err == nil && rev != js.jobRev
 }
 
 // takeHeld removes and returns the messages held for a waiting job; its
@@ -365,9 +399,9 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 				delete(w.wakes, in.job)
 			}
 		}
-		if in.kind == inAdvance || in.reload {
-			// Someone else changed the job (released a step, cancelled it),
-			// or may have: what this worker cached is out of date.
+		if in.kind == inAdvance || (in.reload && w.changedElsewhere(ctx, in.job)) {
+			// Someone else changed the job (released a step, cancelled it):
+			// what this worker cached is out of date.
 			delete(w.cache, in.job)
 		}
 		jt.inputs = append(jt.inputs, in)
@@ -647,7 +681,11 @@ func (w *worker) retry(jt *jobTurn) {
 			again = append(again, in)
 			continue
 		}
-		if tooLarge && !in.tooLarge && (in.kind == inSubmit || in.kind == inResult) {
+		// A submission only when the turn was creating the job: one of a
+		// job that exists is a resubmission, and the record too large is
+		// the job's, not its.
+		creating := jt.js == nil || jt.js.jobRev == 0
+		if tooLarge && !in.tooLarge && ((in.kind == inSubmit && creating) || in.kind == inResult) {
 			w.log.Error().Err(jt.err).Str(logging.FieldJob, jt.id).Msg("a record is too large for one message: applying its input again as a refusal")
 			in.tooLarge = true
 			again = append(again, in)
