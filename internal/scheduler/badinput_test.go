@@ -25,14 +25,7 @@ func TestForgedAndUnusableResultsAreRejected(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	a := handagent.Start(t, b.js, "default", "holder", nil)
-	release := make(chan struct{})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	a.Reply(func(protocol.Task) protocol.Result {
-		<-release
-		return protocol.Result{Status: protocol.ResultSucceeded}
-	})
+	release := startHolder(t, b)
 	b.submitNoReply(t, []byte(`{"name":"f","steps":[{"id":"s","action":"echo"}]}`), "job-forged")
 	var st *jobstore.Step
 	var rev uint64
@@ -89,7 +82,7 @@ func TestForgedAndUnusableResultsAreRejected(t *testing.T) {
 	if err != nil || rev2 != rev || after.State != jobstore.StepDispatched {
 		t.Fatalf("a rejected result changed the step: rev %d -> %d, state %s, %v", rev, rev2, after.State, err)
 	}
-	once.Do(func() { close(release) })
+	release()
 	j := b.waitJob(t, "job-forged", jobstore.JobSucceeded)
 	t.Logf("genuine result applied after %d rejected ones; job %s", len(cases), j.State)
 }
@@ -275,14 +268,7 @@ func TestResultTooLargeForItsRecordFailsTheStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	a := handagent.Start(t, b.js, "default", "holder", nil)
-	release := make(chan struct{})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	a.Reply(func(protocol.Task) protocol.Result {
-		<-release
-		return protocol.Result{Status: protocol.ResultSucceeded}
-	})
+	release := startHolder(t, b)
 	params := strings.Repeat("p", 200<<10)
 	b.submitNoReply(t, []byte(`{"name":"out","steps":[{"id":"s","action":"echo","params":{"p":"`+params+`"}}]}`), "job-out")
 	var st *jobstore.Step
@@ -298,7 +284,7 @@ func TestResultTooLargeForItsRecordFailsTheStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitJobWithin(t, "job-out", jobstore.JobFailed, 20*time.Second)
-	once.Do(func() { close(release) }) // the holder's own result, stale now, while the connection is up
+	release() // the holder's own result, stale now, while the connection is up
 	st, _, err := b.store.Step(context.Background(), "job-out", "s")
 	if err != nil {
 		t.Fatal(err)
@@ -306,4 +292,19 @@ func TestResultTooLargeForItsRecordFailsTheStep(t *testing.T) {
 	if st.State != jobstore.StepFailed || !strings.Contains(st.LastError, "max_payload") || len(st.Output) != 0 {
 		t.Errorf("step %s, error %q, %d bytes of output; want failed, naming max_payload, without the output", st.State, st.LastError, len(st.Output))
 	}
+}
+
+// startHolder starts agent "holder" of the default pool, which holds each
+// task until release is called (or the test ends) and then succeeds.
+func startHolder(t *testing.T, b *bundle) (release func()) {
+	a := handagent.Start(t, b.js, "default", "holder", nil)
+	ch := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	a.Reply(func(protocol.Task) protocol.Result {
+		<-ch
+		return protocol.Result{Status: protocol.ResultSucceeded}
+	})
+	return release
 }
