@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
@@ -113,6 +114,13 @@ func TestHandlerErrorClasses(t *testing.T) {
 			return map[string]int{"partial": 1}, errors.New("plain failure")
 		})
 		a.Handle("panic", func(context.Context, *agent.Task) (any, error) { panic("kaboom") })
+		// Panics in the handler's own code that reading its results runs:
+		// they took the whole agent down.
+		a.Handle("typednil", func(context.Context, *agent.Task) (any, error) {
+			var e *codedError
+			return nil, e
+		})
+		a.Handle("badjson", func(context.Context, *agent.Task) (any, error) { return panickyOutput{}, nil })
 		a.Handle("bind", func(_ context.Context, t *agent.Task) (any, error) {
 			var p struct {
 				Size int `json:"size"`
@@ -130,6 +138,8 @@ func TestHandlerErrorClasses(t *testing.T) {
 		{action: "retry", err: "flaky", class: protocol.ClassRetriable},
 		{action: "plain", err: "plain failure", output: `{"partial":1}`},
 		{action: "panic", err: "handler panicked: kaboom"},
+		{action: "typednil", err: "handler panicked: runtime error: invalid memory address or nil pointer dereference"},
+		{action: "badjson", err: "handler panicked: kaboom in MarshalJSON"},
 		{action: "bind", params: `{"sise":1}`, err: `invalid params: unknown field "sise"`, class: protocol.ClassPermanent},
 	}
 	for _, tt := range tests {
@@ -234,3 +244,14 @@ func TestConsumerConfig(t *testing.T) {
 		t.Fatalf("task subject %s", b.agent.TaskSubject())
 	}
 }
+
+// codedError is an error type whose Error dereferences its receiver: a
+// typed nil one panics when read.
+type codedError struct{ code int }
+
+func (e *codedError) Error() string { return fmt.Sprintf("code %d", e.code) }
+
+// panickyOutput is an output whose encoding panics.
+type panickyOutput struct{}
+
+func (panickyOutput) MarshalJSON() ([]byte, error) { panic("kaboom in MarshalJSON") }

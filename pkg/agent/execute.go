@@ -21,14 +21,35 @@ func Execute(ctx context.Context, h HandlerFunc, t *Task) protocol.Result {
 	return buildResult(t, "", "", started, time.Now(), out, err)
 }
 
-// call runs h, turning a panic into a *panicError.
+// call runs h, turning a panic into a *panicError: a panic in h, and one
+// in the handler's own code that reading its return values runs (its
+// output's MarshalJSON; its error's Error, ErrorClass or RetryAfter, as
+// with a typed nil error). Read unguarded later, in buildResult, such a
+// panic took the whole agent down with every task it had in flight, and
+// again at each delivery. The output comes back encoded (json.RawMessage).
 func call(ctx context.Context, h HandlerFunc, t *Task) (out any, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			out, err = nil, &panicError{value: v, stack: debug.Stack()}
 		}
 	}()
-	return h(ctx, t)
+	out, err = h(ctx, t)
+	if out != nil {
+		b, merr := json.Marshal(out)
+		switch {
+		case merr == nil:
+			out = json.RawMessage(b)
+		case err == nil:
+			out, err = nil, Permanent(fmt.Errorf("encode output as JSON: %w", merr))
+		default:
+			out = nil
+		}
+	}
+	if err != nil {
+		_ = err.Error()
+		classify(err)
+	}
+	return out, err
 }
 
 // buildResult turns a handler's return values into a protocol.Result.
@@ -44,6 +65,12 @@ func buildResult(t *Task, pool, agentID string, started, finished time.Time, out
 		Status:     protocol.ResultSucceeded,
 		StartedAt:  started.UTC(),
 		FinishedAt: finished.UTC(),
+	}
+	if raw, ok := out.(json.RawMessage); ok && json.Valid(raw) {
+		out = nil // encoded by call already
+		if string(raw) != "null" {
+			r.Output = raw
+		}
 	}
 	if out != nil {
 		b, merr := json.Marshal(out)
