@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/natstest"
@@ -228,5 +229,24 @@ func TestDuplicateAgentRefused(t *testing.T) {
 	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "echo"})
 	if r, _ := b.result(t, "j1", "s1"); r.Status != protocol.ResultSucceeded {
 		t.Fatalf("first agent after duplicate: %+v", r)
+	}
+}
+
+// Run returns an error once the connection it was given closes for good
+// (its reconnects spent, or closed by its owner): the agent can take no
+// task and send no heartbeat again. It waited for ever before, with no
+// error for its caller to restart it on.
+func TestRunReturnsWhenItsConnectionCloses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testConfig("a1"), nil)
+	b.nc.Close()
+	select {
+	case err := <-b.done:
+		b.done <- err // let the cleanup see it too
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("Run returned %v, want an error wrapping nats.ErrConnectionClosed", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run still running 20s after its connection closed")
 	}
 }

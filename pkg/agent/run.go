@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/natsconn"
@@ -91,6 +92,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.repullOnReconnect(fetchCtx)
 	}()
 
+	// A connection closed for good (the caller's, given with WithConn, at
+	// the end of its reconnect attempts, or closed by its owner) never
+	// comes back: the agent could not take a task or heartbeat again, and
+	// Run waited for ever with no error for its caller to act on.
+	closed := a.nc.StatusChanged(nats.CLOSED)
+	defer a.nc.RemoveStatusListener(closed)
+	if a.nc.IsClosed() {
+		closed <- nats.CLOSED // closed before the listener was in place
+	}
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -98,6 +108,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	case <-ann.Done():
 		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, ann.Err())
 		a.log.Error().Err(runErr).Msg("presence lost: draining")
+	case <-closed:
+		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, nats.ErrConnectionClosed)
+		a.log.Error().Err(runErr).Msg("connection closed for good: stopping")
 	}
 	stopFetch()
 	<-dispatched
