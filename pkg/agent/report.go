@@ -14,6 +14,10 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
+// resultHeadroom is what a result message's headers and subject may take
+// of the server's max_payload beside the body.
+const resultHeadroom = 4096
+
 // maxPublishWait bounds reporting a step that has no deadline.
 const maxPublishWait = 30 * time.Second
 
@@ -28,8 +32,15 @@ const publishAttempt = 2 * time.Second
 // at or after the step's deadline. runKey is the dispatch's key, remembered
 // as reported before the ack (recentReports).
 func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string, p plan, res protocol.Result, log zerolog.Logger) {
-	if boundResult(&res, a.cfg.MaxResultBytes) {
-		log.Warn().Int("max_result_bytes", a.cfg.MaxResultBytes).Msg("result too large: output truncated")
+	limit := a.cfg.MaxResultBytes
+	if mp := int(a.nc.MaxPayload()); mp > 0 && mp-resultHeadroom < limit {
+		// The server takes less than max_result_bytes in one message: a
+		// result over its max_payload is refused before it is sent, every
+		// time, and was retried until the step's deadline, then run again.
+		limit = max(mp-resultHeadroom, 1024)
+	}
+	if boundResult(&res, limit) {
+		log.Warn().Int("max_result_bytes", limit).Msg("result too large: output truncated")
 	}
 	// A finished result is worth reporting even while shutting down.
 	ctx := context.WithoutCancel(workCtx)
@@ -47,6 +58,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 		return
 	}
 	backoff := 50 * time.Millisecond
+	floored := false
 	for {
 		if p.late(a.now()) {
 			a.stats.expired.Add(1)
@@ -64,6 +76,19 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 		pcancel()
 		if err == nil {
 			break
+		}
+		if errors.Is(err, nats.ErrMaxPayload) && !floored {
+			floored = true
+			// Still too large (the server's limit changed under us): cut
+			// it to the least a result may be, once, rather than retry
+			// what is refused every time.
+			boundResult(&res, 1024)
+			if m, err = ResultMsg(res); err != nil {
+				log.Error().Err(err).Msg("encode result")
+				return
+			}
+			log.Warn().Msg("result over the server's max_payload: output truncated")
+			continue
 		}
 		log.Warn().Err(err).Msg("publish result failed; retrying")
 		sleepCtx(ctx, backoff) // a cut-short sleep ends the loop at the checks above

@@ -2,11 +2,14 @@ package agent_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -47,4 +50,47 @@ func TestLostPubAckIsRetriedLongBeforeTheDeadline(t *testing.T) {
 		t.Fatalf("result %s: %s", r.Status, r.Error)
 	}
 	t.Logf("result stored %s after the stream came back", time.Since(start).Round(time.Millisecond))
+}
+
+// A server whose max_payload is below the agent's max_result_bytes refuses
+// a large result before it is sent, every time: the result is cut to what
+// the server takes. Before, the publish was retried until the step's
+// deadline, and the step ran again and again the same way.
+func TestResultFitsTheServersMaxPayload(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		MaxPayload: 256 << 10, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(context.Background(), js, streams.Options{TaskShards: 2, PresenceTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{nc: nc, js: js}
+	cfg := testConfig("a1")
+	cfg.MaxResultBytes = 900 << 10
+	b.start(t, cfg, func(a *agent.Agent) {
+		a.Handle("big", func(context.Context, *agent.Task) (any, error) {
+			return map[string]string{"blob": strings.Repeat("b", 600<<10)}, nil
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "big", Deadline: time.Now().Add(time.Minute)})
+	r, _ := b.result(t, "j1", "s1")
+	if r.Status != protocol.ResultSucceeded || !r.Truncated || len(r.Output) > 256<<10 {
+		t.Fatalf("result %s, truncated %v, %d bytes of output; want succeeded, truncated to fit 256 KiB", r.Status, r.Truncated, len(r.Output))
+	}
 }
