@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,6 +122,7 @@ func TestHandlerErrorClasses(t *testing.T) {
 			return nil, e
 		})
 		a.Handle("badjson", func(context.Context, *agent.Task) (any, error) { return panickyOutput{}, nil })
+		a.Handle("goexit", func(context.Context, *agent.Task) (any, error) { runtime.Goexit(); return nil, nil })
 		a.Handle("bind", func(_ context.Context, t *agent.Task) (any, error) {
 			var p struct {
 				Size int `json:"size"`
@@ -140,6 +142,7 @@ func TestHandlerErrorClasses(t *testing.T) {
 		{action: "panic", err: "handler panicked: kaboom"},
 		{action: "typednil", err: "handler panicked: runtime error: invalid memory address or nil pointer dereference"},
 		{action: "badjson", err: "handler panicked: kaboom in MarshalJSON"},
+		{action: "goexit", err: "handler called runtime.Goexit (t.FailNow?) instead of returning", class: protocol.ClassPermanent},
 		{action: "bind", params: `{"sise":1}`, err: `invalid params: unknown field "sise"`, class: protocol.ClassPermanent},
 	}
 	for _, tt := range tests {

@@ -205,8 +205,13 @@ func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task)
 	}
 	done := make(chan outcome, 1)
 	go func() {
+		// Sent on the way out, also when the handler ends its goroutine
+		// with runtime.Goexit (t.FailNow in a handler): recover does not
+		// see that, and the task held its slot until its deadline.
+		o := outcome{err: Permanent(errGoexit)}
+		defer func() { done <- o }()
 		out, err := call(hctx, h, t)
-		done <- outcome{out: out, err: err}
+		o = outcome{out: out, err: err}
 	}()
 	select {
 	case o := <-done:
@@ -223,6 +228,10 @@ func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task)
 		return outcome{err: fmt.Errorf("handler did not return after cancellation: %w", context.Cause(hctx)), abandoned: true}
 	}
 }
+
+// errGoexit is the failure of a handler that ended its goroutine with
+// runtime.Goexit instead of returning.
+var errGoexit = errors.New("handler called runtime.Goexit (t.FailNow?) instead of returning")
 
 // term terminates a message that must never be redelivered.
 func (a *Agent) term(msg jetstream.Msg, reason string) {
