@@ -152,32 +152,50 @@ func parkedOnce(t *testing.T, p *parts, what, job string, queue jetstream.Stream
 // (recoveries 0); task gone true; 1 dead letters; want dead_lettered at 1,
 // gone, 1".
 func TestParkInterruptedAtItsMarkParksWhenHandledAgain(t *testing.T) {
+	interruptedThenRetried(t, "advisory handled again", func(t *testing.T, p *parts, job string) (jetstream.Stream, uint64, func() error) {
+		queue, seq, raw := p.dispatchedTask(t, job, "a1")
+		p.consume(t, "a1", 2, 2)
+		adv := maxDeliver(queue, "a1", seq)
+		b, err := json.Marshal(adv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := true
+		return queue, seq, func() error {
+			if first {
+				first = false
+				return p.rel.dead.exhausted(context.Background(), adv, raw)
+			}
+			return p.rel.dead.handle(context.Background(), advisoryMsg{data: b})
+		}
+	})
+}
+
+// interruptedThenRetried runs, for a park interrupted at its mark both
+// ways (the fence refuses; the CAS is lost every time), the action prepare
+// returns: once interrupted, when it must fail and leave the task in its
+// queue, and once more unhindered, when it must park the step once.
+func interruptedThenRetried(t *testing.T, again string, prepare func(t *testing.T, p *parts, job string) (queue jetstream.Stream, seq uint64, act func() error)) {
+	t.Helper()
 	t.Parallel()
 	for _, how := range []string{"fence", "conflicts"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			p := newParts(t)
-			ctx := context.Background()
 			job := "job-" + how
-			queue, seq, raw := p.dispatchedTask(t, job, "a1")
-			p.consume(t, "a1", 2, 2)
-			adv := maxDeliver(queue, "a1", seq)
+			queue, seq, act := prepare(t, p, job)
 			unhook := interruptAtMark(t, p, how, job)
-			if err := p.rel.dead.exhausted(ctx, adv, raw); err == nil {
+			if err := act(); err == nil {
 				t.Fatal("the park was not interrupted")
 			}
 			unhook()
 			if taskGone(t, queue, seq) {
 				t.Errorf("the park deleted the task but did not mark its step")
 			}
-			b, err := json.Marshal(adv)
-			if err != nil {
-				t.Fatal(err)
+			if err := act(); err != nil {
+				t.Fatalf("%s: %v", again, err)
 			}
-			if err := p.rel.dead.handle(ctx, advisoryMsg{data: b}); err != nil {
-				t.Fatalf("advisory handled again: %v", err)
-			}
-			parkedOnce(t, p, "advisory handled again", job, queue, seq)
+			parkedOnce(t, p, again, job, queue, seq)
 		})
 	}
 }
@@ -191,29 +209,14 @@ func TestParkInterruptedAtItsMarkParksWhenHandledAgain(t *testing.T) {
 // step" and "failover tried again: step dispatched at epoch 1 (recoveries
 // 2); task gone true; 1 dead letters; ...".
 func TestPoisonParkInterruptedInAFailoverParksWhenRetried(t *testing.T) {
-	t.Parallel()
-	for _, how := range []string{"fence", "conflicts"} {
-		t.Run(how, func(t *testing.T) {
-			t.Parallel()
-			p := newParts(t)
-			ctx := context.Background()
-			job := "job-" + how
-			queue, seq, _ := p.poisonedTask(t, job, "a2")
-			p.consume(t, "a2", 5, 1) // in its hands when it departed
-			unhook := interruptAtMark(t, p, how, job)
-			if _, err := p.fo.transfer(ctx, "default", "a2", "departed:x"); err == nil {
-				t.Fatal("the park was not interrupted")
-			}
-			unhook()
-			if taskGone(t, queue, seq) {
-				t.Errorf("the park deleted the task but did not mark its step")
-			}
-			if _, err := p.fo.transfer(ctx, "default", "a2", "departed:x"); err != nil {
-				t.Fatalf("failover tried again: %v", err)
-			}
-			parkedOnce(t, p, "failover tried again", job, queue, seq)
-		})
-	}
+	interruptedThenRetried(t, "failover tried again", func(t *testing.T, p *parts, job string) (jetstream.Stream, uint64, func() error) {
+		queue, seq, _ := p.poisonedTask(t, job, "a2")
+		p.consume(t, "a2", 5, 1) // in its hands when it departed
+		return queue, seq, func() error {
+			_, err := p.fo.transfer(context.Background(), "default", "a2", "departed:x")
+			return err
+		}
+	})
 }
 
 // And in the cluster transfer policy: a give-up (max_transfer_retries
@@ -226,31 +229,21 @@ func TestPoisonParkInterruptedInAFailoverParksWhenRetried(t *testing.T) {
 // step" and "judged again: step dispatched at epoch 1 (recoveries 0); task
 // gone true; 1 dead letters; ...".
 func TestTransferGiveUpInterruptedAtItsMarkGivesUpWhenJudgedAgain(t *testing.T) {
-	t.Parallel()
-	for _, how := range []string{"fence", "conflicts"} {
-		t.Run(how, func(t *testing.T) {
-			t.Parallel()
-			p := newParts(t)
-			ctx := context.Background()
-			job := "job-" + how
-			queue, seq, _ := p.dispatchedTask(t, job, "a3")
-			x := newTransfers(p.term, p.js, p.store, p.rel, p.rel.dead, p.adv, NewMetrics(nil), streams.DefaultTaskShards, time.Second, p.rel.log)
-			w := &transferWatch{transferNote: transferNote{job: job, step: "s", cluster: "c1", from: "default.a0"},
-				policy: cluster.TransferPolicy{Timeout: time.Second, MaxRetries: 1}, retries: 1}
-			unhook := interruptAtMark(t, p, how, job)
-			if _, err := x.judge(ctx, w); err == nil {
-				t.Fatal("the park was not interrupted")
+	interruptedThenRetried(t, "judged again", func(t *testing.T, p *parts, job string) (jetstream.Stream, uint64, func() error) {
+		queue, seq, _ := p.dispatchedTask(t, job, "a3")
+		x := newTransfers(p.term, p.js, p.store, p.rel, p.rel.dead, p.adv, NewMetrics(nil), streams.DefaultTaskShards, time.Second, p.rel.log)
+		w := &transferWatch{transferNote: transferNote{job: job, step: "s", cluster: "c1", from: "default.a0"},
+			policy: cluster.TransferPolicy{Timeout: time.Second, MaxRetries: 1}, retries: 1}
+		first := true
+		return queue, seq, func() error {
+			keep, err := x.judge(context.Background(), w)
+			if !first && err == nil && keep {
+				return errors.New("the step is still watched") // judged again, it must be given up
 			}
-			unhook()
-			if taskGone(t, queue, seq) {
-				t.Errorf("the park deleted the task but did not mark its step")
-			}
-			if keep, err := x.judge(ctx, w); err != nil || keep {
-				t.Fatalf("judged again: keep %v, %v", keep, err)
-			}
-			parkedOnce(t, p, "judged again", job, queue, seq)
-		})
-	}
+			first = false
+			return err
+		}
+	})
 }
 
 // A healing transfer (after the drain timeout, or on "failed" health) and
