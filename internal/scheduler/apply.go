@@ -24,7 +24,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	needState := false
 	for k := range jt.inputs {
 		in := &jt.inputs[k]
-		if in.kind == inSubmit && in.tooLarge {
+		if in.kind == inSubmit && in.tooLarge > 0 {
 			w.s.rejectSubmission(jt, k, &spec.ValidationError{Reason: spec.ReasonTooLarge,
 				Msg: "the job's record would be larger than the server takes in one message (max_payload): submit smaller params, or lower max_spec_bytes"})
 			continue

@@ -308,3 +308,57 @@ func startHolder(t *testing.T, b *bundle) (release func()) {
 	})
 	return release
 }
+
+// A small result can push a record near the limit over it (a single-step
+// job's record holds its params twice): applied again as it was, it made
+// the same record, was handed back, and came back to do so until its
+// step's lease ended. The second time, every result of the turn loses its
+// output, so the step ends.
+func TestSmallResultOverTheLimitStillEndsTheStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{MaxSpecBytes: 1 << 20})
+	release := startHolder(t, b)
+	kv, err := b.js.KeyValue(context.Background(), protocol.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record's size beside its params, measured on a dispatched job.
+	dispatched := func(id string, params int) (*jobstore.Step, int) {
+		b.submitNoReply(t, []byte(`{"name":"near","steps":[{"id":"s","action":"echo","params":{"p":"`+strings.Repeat("p", params)+`"}}]}`), id)
+		var st *jobstore.Step
+		natstest.Eventually(t, 10*time.Second, id+" dispatched", func() bool {
+			var err error
+			st, _, err = b.store.Step(context.Background(), id, "s")
+			return err == nil && st.State == jobstore.StepDispatched
+		})
+		e, err := kv.Get(context.Background(), protocol.JobKey(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, len(e.Value())
+	}
+	const p0 = 400 << 10
+	_, size0 := dispatched("job-measure", p0)
+	overhead := size0 - 2*p0
+	// A record 1,500 bytes below the limit once dispatched; 3,000 bytes
+	// of output (below tooLargeKeepBytes' 4 KiB) take it over.
+	p1 := (int(b.nc.MaxPayload()) - overhead - 1500) / 2
+	st, size1 := dispatched("job-near", p1)
+	t.Logf("record of job-near: %d bytes of %d", size1, b.nc.MaxPayload())
+	now := time.Now().UTC()
+	out := mustJSON(t, map[string]string{"o": strings.Repeat("o", 3000)})
+	if err := handagent.PublishResult(context.Background(), b.js, protocol.Result{JobID: "job-near", StepID: "s", Epoch: st.Epoch,
+		Agent: "holder", Pool: "default", Status: protocol.ResultSucceeded, Output: out, StartedAt: now, FinishedAt: now, Token: st.Token}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitJobWithin(t, "job-near", jobstore.JobFailed, 20*time.Second)
+	release()
+	st, _, err = b.store.Step(context.Background(), "job-near", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != jobstore.StepFailed || !strings.Contains(st.LastError, "max_payload") || len(st.Output) != 0 {
+		t.Errorf("step %s, error %q, %d bytes of output; want failed, naming max_payload, without the output", st.State, st.LastError, len(st.Output))
+	}
+}

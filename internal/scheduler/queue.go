@@ -46,10 +46,11 @@ type input struct {
 	// reload says the job's cached records are to be read again before
 	// this input is applied (dueRetries: a waiter's copy may be stale).
 	reload bool
-	// tooLarge says a write this input caused was larger than the server
-	// takes in one message (max_payload): applied again, a submission is
-	// refused and a result fails its step without its output (retry).
-	tooLarge bool
+	// tooLarge counts the writes of this input's turns that were larger
+	// than the server takes in one message (max_payload): applied again, a
+	// submission is refused and a large result (every result, the second
+	// time) fails its step without its output (retry).
+	tooLarge int
 	at       time.Time
 }
 

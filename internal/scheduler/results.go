@@ -66,6 +66,12 @@ func decodeResult(msg jetstream.Msg) (*protocol.Result, string, error) {
 // output, and its error is cut to this.
 const tooLargeKeepBytes = 4096
 
+// tooLargeEvery is the count of too-large writes (input.tooLarge) from
+// which every result of the turn loses its output, however small: a
+// record near the limit can be pushed over it by a small one, and handed
+// back, the result came back to do the same until its step's lease ended.
+const tooLargeEvery = 2
+
 // applyResult applies an agent's result to its step: fenced by epoch,
 // actor and lease token; then the step's direct dependents become ready.
 func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
@@ -84,11 +90,12 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 			return // a redelivery after the write: the advance below is all that is left
 		}
 	}
-	if in.tooLarge && len(r.Output)+len(r.Error) > tooLargeKeepBytes {
+	if in.tooLarge >= tooLargeEvery || (in.tooLarge > 0 && len(r.Output)+len(r.Error) > tooLargeKeepBytes) {
 		// A write of this turn was too large for one message, and this
 		// result is big enough to be why: the step fails, for good, saying
 		// so (retried, it would make the same output). A small result of
-		// the same turn is applied as it is.
+		// the same turn is applied as it is the first time; if the record
+		// is still too large, every result of the turn is.
 		if r.Status == protocol.ResultSucceeded {
 			r.Status, r.ErrorClass = protocol.ResultFailed, protocol.ClassPermanent
 			r.Error = fmt.Sprintf("the step's output (%d bytes) makes its record larger than the server takes in one message (max_payload): the output was dropped", len(r.Output))

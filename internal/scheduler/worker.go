@@ -247,11 +247,15 @@ func (w *worker) dueRetries(now time.Time) []input {
 // and each question is a read inside the worker's turn.
 const reloadBudget = 16
 
-// changedElsewhere says whether job's record changed since this worker
-// cached it: a read of the job record against the cached revision, so that
-// a job whose dispatch round is under way keeps its round unless another
-// scheduler wrote it. The waiter counts it as read either way; a read that
-// fails changes nothing until the next one.
+// changedElsewhere says whether job's cached records may be stale. Between
+// dispatch rounds, always: read again in full, as another process may have
+// written only a step's record (the supervisor's release of a step writes
+// no job record). A job whose round is under way (steps it tried and must
+// try again are kept aside in blocked) keeps its cache unless the job
+// record's revision moved: read again, the round started over from its
+// first step, and a large fan-out at capacity never finished one. The
+// waiter counts it as read either way; a read that fails changes nothing
+// until the next one.
 func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
 	if wt, ok := w.waiting[job]; ok {
 		wt.readAt = w.s.now()
@@ -260,6 +264,9 @@ func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
 	js := w.cache[job]
 	if js == nil {
 		return false // read afresh anyway
+	}
+	if len(js.blocked) == 0 {
+		return true
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
@@ -685,9 +692,9 @@ func (w *worker) retry(jt *jobTurn) {
 		// job that exists is a resubmission, and the record too large is
 		// the job's, not its.
 		creating := jt.js == nil || jt.js.jobRev == 0
-		if tooLarge && !in.tooLarge && ((in.kind == inSubmit && creating) || in.kind == inResult) {
+		if tooLarge && in.tooLarge < tooLargeEvery && ((in.kind == inSubmit && creating) || in.kind == inResult) {
 			w.log.Error().Err(jt.err).Str(logging.FieldJob, jt.id).Msg("a record is too large for one message: applying its input again as a refusal")
-			in.tooLarge = true
+			in.tooLarge++
 			again = append(again, in)
 			continue
 		}
