@@ -148,21 +148,10 @@ func TestDeposedLeaderCausesNothing(t *testing.T) {
 	p := newParts(t)
 	ctx := context.Background()
 	queue, seq := p.dispatched(t, "job-d", "a1")
-	var asked atomic.Int32
-	sub, err := p.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
-		asked.Add(1)
-		_ = m.Respond(protocol.OKReply(""))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := p.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	asked := p.countAdvances(t)
 
 	p.lease.epoch.Store(8) // a newer leader holds the lease
-	_, err = p.fo.transfer(ctx, "default", "a1", "departed:x")
+	_, err := p.fo.transfer(ctx, "default", "a1", "departed:x")
 	if !errors.Is(err, errNotLeader) {
 		t.Fatalf("deposed failover: %v", err)
 	}
@@ -551,4 +540,23 @@ func TestExhaustedTaskConfirmedByTheAckFloorWhileOthersRun(t *testing.T) {
 	if _, err := dead.confirm(ctx, advisory{Type: advisoryMaxDeliver, Stream: q.stream, Consumer: q.consumer, StreamSeq: p2, Deliveries: 2}); !errors.As(err, &rej) {
 		t.Fatalf("unconfirmed past the deadline: %v, want a rejection", err)
 	}
+}
+
+// countAdvances answers every advance request a test's components send
+// (as a scheduler would) and counts them.
+func (p *parts) countAdvances(t *testing.T) *atomic.Int32 {
+	t.Helper()
+	var asked atomic.Int32
+	sub, err := p.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+		asked.Add(1)
+		_ = m.Respond(protocol.OKReply(""))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := p.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &asked
 }

@@ -403,18 +403,7 @@ func TestParkThatKeptItsTaskDeletesItWhenHandledAgain(t *testing.T) {
 	ctx := context.Background()
 	queue, seq, raw := p.dispatchedTask(t, "job-k", "a1")
 	p.consume(t, "a1", 2, 2)
-	var asked atomic.Int32
-	sub, err := p.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
-		asked.Add(1)
-		_ = m.Respond(protocol.OKReply(""))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := p.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	asked := p.countAdvances(t)
 	var refused atomic.Bool
 	h := p.hooked()
 	h.hook = func() bool { return inTermCall("deleteMsg") && !refused.Swap(true) }
