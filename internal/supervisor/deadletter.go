@@ -161,37 +161,32 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 			d.withdraw(ctx, sent, st, parkedLetter{}) // a park of this loop lost its CAS to the move
 			return d.deleteTask(ctx, adv.Stream, raw.Sequence)
 		}
-		if cw, err := cancelWanted(ctx, d.store, st); err != nil {
+		cw, err := cancelWanted(ctx, d.store, st)
+		if err != nil {
 			return err
-		} else if cw {
+		}
+		var l parkedLetter
+		if cw {
 			// Cancel wins, as in a release: the step ends cancelled, and
 			// no operator is asked to look at a job nobody wants any more.
-			err := endCancelled(ctx, d.term, d.log, st, rev, "its task was "+detail)
-			if errors.Is(err, jobstore.ErrConflict) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			d.withdraw(ctx, sent, st, parkedLetter{}) // parks of this loop that lost their CAS
-			d.adv.AdvanceOrRetry(ctx, st.JobID)
-			// Deleted after the step's write, as in park: a failed delete
-			// is retried with the advisory, which finds the step moved on.
-			return d.deleteTask(ctx, adv.Stream, raw.Sequence)
+			err = endCancelled(ctx, d.term, d.log, st, rev, "its task was "+detail)
+		} else {
+			l, err = d.park(ctx, st, rev, protocol.DLQMaxDeliveries, detail, raw, adv.Deliveries)
+			sent.add(l)
 		}
-		l, err := d.park(ctx, st, rev, protocol.DLQMaxDeliveries, detail, raw, adv.Deliveries)
-		sent.add(l)
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
-		if err != nil && !errors.Is(err, errTaskKept) {
+		if err != nil {
 			return err
 		}
-		// Parked. A task it could not delete is deleted when the advisory,
-		// handled again for err, finds the step moved on.
-		d.withdraw(ctx, sent, st, l)
+		d.withdraw(ctx, sent, st, l) // parks of this loop that lost their CAS
 		d.adv.AdvanceOrRetry(ctx, st.JobID)
-		return err
+		// Deleted only now that the step's write landed: a write that
+		// failed is retried with the advisory, which needs the task, and a
+		// delete that fails has the advisory handled again, which finds
+		// the step moved on and deletes it.
+		return d.deleteTask(ctx, adv.Stream, raw.Sequence)
 	}
 	// Given up for now, not for good: the advisory is handled again, and
 	// a park then relies on the letters stored here (its publish is
@@ -200,20 +195,17 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 }
 
 // park parks a step: a copy of its task (the original message if there is
-// one, else one built from the record) goes to the dead-letter stream, the
-// step is marked dead-lettered, and then the original is deleted. deliveries
-// is the task's delivery count when known (0 otherwise).
+// one, else one built from the record) goes to the dead-letter stream, and
+// the step is marked dead-lettered. deliveries is the task's delivery count
+// when known (0 otherwise).
 //
-// The CAS that marks the step is the park's commit point, so the task
-// outlives every park that did not commit: one whose CAS or fence failed
-// is handled again, and its retry needs the task (an advisory is confirmed
-// from it, a failover and a transfer's judgement read the queue for it);
-// deleted before the CAS, the retry found it gone, took that for "acked",
-// and the step stayed dispatched, its poison sent again after its lease.
-// A park that committed and could not delete its task returns an error
-// matching errTaskKept: the step is parked, and its task, of a step that
-// moved on, is deleted by whatever handles it next (exhausted deletes such
-// tasks; a failover deletes every task it moves).
+// park leaves the original task where it is: its caller deletes it once the
+// park has landed (exhausted, a release, a transfer's give-up). A park whose CAS or
+// fence failed is tried again, and its retry needs the task (an advisory
+// is confirmed from it, a failover and a transfer's judgement read the
+// queue for it): deleted before the CAS, as it was, the retry found it
+// gone, took that for "acked", and the step stayed dispatched, its poison
+// sent again after its lease.
 //
 // It returns the letter it stored (none: sequence 0), also when marking the
 // step fails: a letter stored for a park
@@ -222,7 +214,7 @@ func (d *deadLetters) exhausted(ctx context.Context, adv advisory, raw *jetstrea
 // withdraws it (see parkedLetters); one that parks again relies on it.
 func (d *deadLetters) park(ctx context.Context, st *jobstore.Step, rev uint64, reason protocol.DLQReason, detail string,
 	raw *jetstream.RawStreamMsg, deliveries uint64) (parkedLetter, error) {
-	l, stream, err := d.copyToDLQ(ctx, st, raw, reason, detail, deliveries)
+	l, err := d.copyToDLQ(ctx, st, raw, reason, detail, deliveries)
 	if err != nil {
 		return l, err
 	}
@@ -234,34 +226,17 @@ func (d *deadLetters) park(ctx context.Context, st *jobstore.Step, rev uint64, r
 	d.metrics.deadLettered.WithLabelValues(string(reason)).Inc()
 	d.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("reason", string(reason)).Str("detail", detail).
 		Msg("step dead-lettered")
-	var kept error
-	if raw != nil && stream != "" {
-		if err := d.deleteTask(ctx, stream, raw.Sequence); err != nil {
-			kept = fmt.Errorf("%w: %w", errTaskKept, err)
-			d.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Uint64("task_seq", raw.Sequence).
-				Msg("step dead-lettered but its task not deleted yet")
-		}
-	}
-	if err := d.term.event(ctx, protocol.Event{Kind: protocol.EventDeadLettered, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
-		Agent: agent, Reason: detail, Data: map[string]string{"reason": string(reason), "epoch": strconv.FormatUint(st.Epoch, 10)}}); err != nil {
-		d.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Msg("dead_lettered event not published")
-	}
-	return l, kept
+	d.term.note(ctx, d.log, protocol.Event{Kind: protocol.EventDeadLettered, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+		Agent: agent, Reason: detail, Data: map[string]string{"reason": string(reason), "epoch": strconv.FormatUint(st.Epoch, 10)}})
+	return l, nil
 }
 
-// errTaskKept: a park committed (its step is dead-lettered) but could not
-// delete its task; the caller treats the step as parked and leaves the
-// stale task to be deleted when it is handled again.
-var errTaskKept = errors.New("step dead-lettered; its task not deleted yet")
-
-// copyToDLQ stores the dead letter (see send) and returns it with the task
-// stream its original is in ("" if none may be deleted: only the agent's
-// own task stream, derived from the agent's pool and id, is). It deletes
-// nothing: park deletes the original once the step is marked, so a crash
-// or a lost CAS in between leaves a letter too many, never a lost task.
+// copyToDLQ stores the dead letter (see send) and returns it. It deletes
+// nothing: a crash or a lost CAS before the step is marked leaves a letter
+// too many (see parkedLetters), never a lost task.
 func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, reason protocol.DLQReason,
-	detail string, deliveries uint64) (parkedLetter, string, error) {
-	msg, stream := d.letter(st, raw)
+	detail string, deliveries uint64) (parkedLetter, error) {
+	msg, _ := d.letter(st, raw)
 	msg.Header.Set(protocol.HeaderMsgID, "dlq."+st.JobID+"."+st.ID+"."+msg.Header.Get(protocol.HeaderEpoch)+"."+string(reason))
 	msg.Header.Set(protocol.HeaderDLQReason, string(reason))
 	msg.Header.Set(protocol.HeaderDLQDetail, detail)
@@ -272,10 +247,10 @@ func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jet
 	}
 	seq, err := d.send(ctx, msg, raw != nil)
 	if err != nil {
-		return parkedLetter{}, "", err
+		return parkedLetter{}, err
 	}
 	epoch, _ := strconv.ParseUint(msg.Header.Get(protocol.HeaderEpoch), 10, 64)
-	return parkedLetter{seq: seq, epoch: epoch}, stream, nil
+	return parkedLetter{seq: seq, epoch: epoch}, nil
 }
 
 // send publishes the dead letter msg (waiting for the PubAck) and returns
@@ -459,6 +434,24 @@ func (d *deadLetters) deleteTask(ctx context.Context, stream string, seq uint64)
 		return fmt.Errorf("task stream %s: %w", stream, err)
 	}
 	return d.term.deleteMsg(ctx, s, seq)
+}
+
+// dropTask deletes raw, the task of a step that moved on (parked, ended,
+// moved again), from the queue its subject names (nil: none). A failure is
+// logged: the old epoch's task may still run there, and its result is
+// stale.
+func (d *deadLetters) dropTask(ctx context.Context, raw *jetstream.RawStreamMsg) {
+	if raw == nil {
+		return
+	}
+	q, ok := taskOwner(raw.Subject, d.shards)
+	if !ok {
+		return
+	}
+	if err := d.deleteTask(ctx, q.stream, raw.Sequence); err != nil {
+		d.log.Warn().Err(err).Str(logging.FieldJob, raw.Header.Get(protocol.HeaderJob)).Uint64("task_seq", raw.Sequence).
+			Msg("task of a step that moved on not deleted from its queue")
+	}
 }
 
 // reject reports an advisory that changes nothing.

@@ -158,9 +158,7 @@ func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.Raw
 	}
 	out, err := f.release.release(ctx, job, step, cause{status: statusTransferred, reason: reason,
 		agent: q.agent, epoch: epoch, suspect: gone && inFlight, task: raw})
-	// A park that committed but kept its task is a park: drainQueue
-	// deletes the task next, as it deletes every task it moves.
-	if err != nil && (out != parked || !errors.Is(err, errTaskKept)) {
+	if err != nil {
 		return err
 	}
 	switch out {

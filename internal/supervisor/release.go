@@ -100,9 +100,6 @@ func (r *releaser) release(ctx context.Context, job, step string, c cause) (rele
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
-		if errors.Is(err, errTaskKept) {
-			r.dead.withdraw(ctx, sent, st, l) // parked: only its task is left over
-		}
 		if err != nil {
 			return out, err
 		}
@@ -130,36 +127,29 @@ func (c cause) holds(st *jobstore.Step, now time.Time) bool {
 // apply takes st back as c says; letter is the dead letter a poison park
 // stored (zero if none), also when its CAS was lost.
 func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c cause) (out released, letter parkedLetter, err error) {
-	cancelWanted, err := r.cancelWanted(ctx, st)
+	cw, err := cancelWanted(ctx, r.store, st)
 	if err != nil {
 		return untouched, letter, err
 	}
 	switch {
-	case cancelWanted:
-		if err := r.cancel(ctx, st, rev, c); err != nil {
+	case cw:
+		if err := endCancelled(ctx, r.term, r.log, st, rev, c.reason); err != nil {
 			return untouched, letter, err
 		}
 		return cancelled, letter, nil
 	case c.suspect && st.Recoveries+1 >= r.poison:
 		why := fmt.Sprintf("poison: taken back from its agent %d times (last: %s)", st.Recoveries+1, c.reason)
 		letter, err := r.dead.park(ctx, st, rev, protocol.DLQPoison, why, c.task, 0)
-		if errors.Is(err, errTaskKept) {
-			return parked, letter, err
-		}
 		if err != nil {
 			return untouched, letter, err
 		}
+		r.dead.dropTask(ctx, c.task) // only now: a park tried again needs it (see park)
 		return parked, letter, nil
 	}
 	if err := r.requeue(ctx, st, rev, c); err != nil {
 		return untouched, letter, err
 	}
 	return requeued, letter, nil
-}
-
-// cancelWanted reports whether the step or its job is to be cancelled.
-func (r *releaser) cancelWanted(ctx context.Context, st *jobstore.Step) (bool, error) {
-	return cancelWanted(ctx, r.store, st)
 }
 
 // cancelWanted reports whether the step or its job is to be cancelled:
@@ -191,20 +181,15 @@ func (r *releaser) requeue(ctx context.Context, st *jobstore.Step, rev uint64, c
 	r.metrics.recovered.WithLabelValues(c.status).Inc()
 	r.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
 		Str("reason", c.reason).Int("recoveries", st.Recoveries).Msg("step taken back; a scheduler re-dispatches it")
-	r.note(ctx, protocol.Event{Kind: protocol.EventStepRecovered, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+	r.term.note(ctx, r.log, protocol.Event{Kind: protocol.EventStepRecovered, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
 		Agent: agent, Reason: c.reason, Data: map[string]string{"status": c.status, "epoch": strconv.FormatUint(epoch, 10)}})
 	return nil
 }
 
-// cancel ends a step whose job is being cancelled and whose agent never
-// confirmed the cancel: its lease ended (or its agent failed), so nothing
-// runs it any more, and it is never dispatched again.
-func (r *releaser) cancel(ctx context.Context, st *jobstore.Step, rev uint64, c cause) error {
-	return endCancelled(ctx, r.term, r.log, st, rev, c.reason)
-}
-
-// endCancelled writes st (at rev) ended cancelled; reason says what ended
-// the dispatch the agent did not confirm the cancel of.
+// endCancelled ends a step whose job is being cancelled and whose agent
+// never confirmed the cancel: its lease ended (or its agent failed, or its
+// task ran out of deliveries: reason says which), so nothing runs it any
+// more, and it is never dispatched again. It writes st at rev.
 func endCancelled(ctx context.Context, t *term, log zerolog.Logger, st *jobstore.Step, rev uint64, reason string) error {
 	now := t.now().UTC()
 	agent, epoch := st.Actor, st.Epoch
@@ -219,18 +204,7 @@ func endCancelled(ctx context.Context, t *term, log zerolog.Logger, st *jobstore
 	}
 	log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent).
 		Str("reason", reason).Msg("step of a cancelled job ended cancelled; not re-dispatched")
-	e := protocol.Event{Kind: protocol.EventStepCancelled, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
-		Agent: agent, Reason: why, Data: map[string]string{"epoch": strconv.FormatUint(epoch, 10)}}
-	if err := t.event(ctx, e); err != nil {
-		log.Warn().Err(err).Str("kind", string(e.Kind)).Str(logging.FieldJob, e.JobID).Msg("event not published")
-	}
+	t.note(ctx, log, protocol.Event{Kind: protocol.EventStepCancelled, ID: st.JobID, JobID: st.JobID, StepID: st.ID,
+		Agent: agent, Reason: why, Data: map[string]string{"epoch": strconv.FormatUint(epoch, 10)}})
 	return nil
-}
-
-// note publishes the event of a change already written: a failure is
-// logged, not returned, since the change itself stands.
-func (r *releaser) note(ctx context.Context, e protocol.Event) {
-	if err := r.term.event(ctx, e); err != nil {
-		r.log.Warn().Err(err).Str("kind", string(e.Kind)).Str(logging.FieldJob, e.JobID).Msg("event not published")
-	}
 }

@@ -8,9 +8,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
@@ -37,6 +39,14 @@ type term struct {
 	store  *jobstore.Store
 	events *events.Publisher
 	now    func() time.Time
+}
+
+// note publishes the event of a change already written: a failure is
+// logged, not returned, since the change itself stands.
+func (t *term) note(ctx context.Context, log zerolog.Logger, e protocol.Event) {
+	if err := t.event(ctx, e); err != nil {
+		log.Warn().Err(err).Str("kind", string(e.Kind)).Str(logging.FieldJob, e.JobID).Msg("event not published")
+	}
 }
 
 // fence returns errNotLeader unless this term still holds the lease.

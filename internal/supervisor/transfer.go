@@ -248,12 +248,7 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 			w.due = x.term.now().Add(x.retry)
 			return nil
 		}
-		if raw != nil {
-			if err := x.dead.deleteTask(ctx, protocol.TaskStream(protocol.Shard(st.Pool, st.Actor, x.shards)), raw.Sequence); err != nil {
-				// The old epoch's task may still run there; its result is stale.
-				x.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Msg("moved task not deleted from the member's queue")
-			}
-		}
+		x.dead.dropTask(ctx, raw)
 	}
 	w.retries, w.from, w.at = n, member, x.term.now()
 	w.due = w.at.Add(w.policy.Timeout)
@@ -268,10 +263,10 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 
 // giveUp dead-letters the step (transfer_timeout), unless its job is being
 // cancelled: then it ends cancelled as any released step would. raw is the
-// step's task in the member's queue, if judge found one: a park deletes it
-// only once its step is marked (see park), so a give-up interrupted before
-// that finds it again when judged again, not taken up; a step that moved on
-// to its end meanwhile needs it no more.
+// step's task in the member's queue, if judge found one: it is deleted only
+// once the park has landed (see park), so a give-up interrupted before that
+// finds it again when judged again, not taken up; a step that moved on to
+// its end meanwhile needs it no more.
 func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string, raw *jetstream.RawStreamMsg) error {
 	why := cluster.TransferGiveUpReason(w.cluster, member, w.policy)
 	// The letters of parks that lost their CAS: withdrawn if the step
@@ -281,7 +276,7 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		st, rev, err := x.store.Step(ctx, w.job, w.step)
 		if errors.Is(err, jobstore.ErrNotFound) {
 			x.dead.withdraw(ctx, sent, nil, parkedLetter{})
-			x.dropTask(ctx, raw)
+			x.dead.dropTask(ctx, raw)
 			return nil
 		}
 		if err != nil {
@@ -289,10 +284,10 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		}
 		if st.State.Terminal() {
 			x.dead.withdraw(ctx, sent, st, parkedLetter{})
-			x.dropTask(ctx, raw)
+			x.dead.dropTask(ctx, raw)
 			return nil
 		}
-		if cw, err := x.release.cancelWanted(ctx, st); err != nil || cw {
+		if cw, err := cancelWanted(ctx, x.store, st); err != nil || cw {
 			if err == nil && st.State == jobstore.StepDispatched {
 				_, err = x.release.release(ctx, st.JobID, st.ID, cause{status: statusTransferred, reason: why, agent: st.Actor, epoch: st.Epoch})
 				x.adv.AdvanceOrRetry(ctx, st.JobID)
@@ -315,32 +310,15 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		if errors.Is(err, jobstore.ErrConflict) {
 			continue
 		}
-		if err != nil && !errors.Is(err, errTaskKept) {
+		if err != nil {
 			return err
 		}
-		// Parked; a task it could not delete stays in the member's queue
-		// (logged by park): if it runs, its result is stale.
 		x.dead.withdraw(ctx, sent, st, l)
+		x.dead.dropTask(ctx, raw) // only now: a give-up tried again needs it (see park)
 		x.log.Error().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("cluster", w.cluster).
 			Int("retries", w.retries).Msg("transferred step never taken up: dead-lettered")
 		x.adv.AdvanceOrRetry(ctx, w.job)
 		return nil
 	}
 	return jobstore.ErrConflict
-}
-
-// dropTask deletes raw, the task of a step that ended, from its member's
-// queue (nil: none); a failure is logged: if it runs, its result is stale.
-func (x *transfers) dropTask(ctx context.Context, raw *jetstream.RawStreamMsg) {
-	if raw == nil {
-		return
-	}
-	q, ok := taskOwner(raw.Subject, x.shards)
-	if !ok {
-		return
-	}
-	if err := x.dead.deleteTask(ctx, q.stream, raw.Sequence); err != nil {
-		x.log.Warn().Err(err).Str(logging.FieldJob, raw.Header.Get(protocol.HeaderJob)).Uint64("task_seq", raw.Sequence).
-			Msg("task of an ended step not deleted from the member's queue")
-	}
 }
