@@ -26,35 +26,36 @@ func Execute(ctx context.Context, h HandlerFunc, t *Task) protocol.Result {
 // output's MarshalJSON; its error's Error, ErrorClass or RetryAfter, as
 // with a typed nil error). Read unguarded later, in buildResult, such a
 // panic took the whole agent down with every task it had in flight, and
-// again at each delivery. The output comes back encoded (json.RawMessage).
-func call(ctx context.Context, h HandlerFunc, t *Task) (out any, err error) {
+// again at each delivery. The output comes back encoded; one JSON cannot
+// carry fails the task (permanent), unless the handler failed already.
+func call(ctx context.Context, h HandlerFunc, t *Task) (out json.RawMessage, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			out, err = nil, &panicError{value: v, stack: debug.Stack()}
 		}
 	}()
-	out, err = h(ctx, t)
-	if out != nil {
-		b, merr := json.Marshal(out)
+	v, err := h(ctx, t)
+	if v != nil {
+		b, merr := json.Marshal(v)
 		switch {
 		case merr == nil:
-			out = json.RawMessage(b)
+			out = b
 		case err == nil:
-			out, err = nil, Permanent(fmt.Errorf("encode output as JSON: %w", merr))
-		default:
-			out = nil
+			err = Permanent(fmt.Errorf("encode output as JSON: %w", merr))
 		}
 	}
 	if err != nil {
+		// Read here, under recover, what buildResult reads of it.
 		_ = err.Error()
 		classify(err)
 	}
 	return out, err
 }
 
-// buildResult turns a handler's return values into a protocol.Result.
-// Output is kept on failure too: a failed command's stderr is worth seeing.
-func buildResult(t *Task, pool, agentID string, started, finished time.Time, out any, err error) protocol.Result {
+// buildResult turns a handler's encoded output (call) and error into a
+// protocol.Result. Output is kept on failure too: a failed command's stderr
+// is worth seeing.
+func buildResult(t *Task, pool, agentID string, started, finished time.Time, out json.RawMessage, err error) protocol.Result {
 	r := protocol.Result{
 		JobID:      t.JobID,
 		StepID:     t.StepID,
@@ -66,20 +67,8 @@ func buildResult(t *Task, pool, agentID string, started, finished time.Time, out
 		StartedAt:  started.UTC(),
 		FinishedAt: finished.UTC(),
 	}
-	if raw, ok := out.(json.RawMessage); ok && json.Valid(raw) {
-		out = nil // encoded by call already
-		if string(raw) != "null" {
-			r.Output = raw
-		}
-	}
-	if out != nil {
-		b, merr := json.Marshal(out)
-		if merr != nil && err == nil {
-			err = Permanent(fmt.Errorf("encode output as JSON: %w", merr))
-		}
-		if merr == nil && string(b) != "null" {
-			r.Output = b
-		}
+	if string(out) != "null" {
+		r.Output = out
 	}
 	if err != nil {
 		class, after := classify(err)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -24,7 +25,7 @@ type runningTask struct {
 
 // outcome is what became of a handler run.
 type outcome struct {
-	out       any
+	out       json.RawMessage // encoded (call)
 	err       error
 	abandoned bool // the handler ignored cancellation and is still running
 }
