@@ -84,9 +84,9 @@ func (o *Ops) WaitJob(ctx context.Context, jobID string, every time.Duration) (*
 
 // RetryJob reopens a finished job's failed, dead-lettered and cancelled
 // steps with a fresh attempt budget (and the steps skipped because of them),
-// and asks a scheduler to run them. A retry that fails part-way returns the
-// steps it did reopen and a *PartialRetryError, and has asked for those to
-// run.
+// and asks a scheduler to run them. A retry that fails part-way returns a
+// *PartialRetryError naming the steps it did reopen, and has asked for
+// those to run.
 func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, Errorf(CodeNotFound, "job %q: not found", jobID)
@@ -124,7 +124,7 @@ func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 				// grace; the caller's deadline may be what stopped the
 				// retry, so the kick has a context of its own (Kick bounds it).
 				dlq.Kick(context.WithoutCancel(ctx), o.nc, jobID)
-				return reopened, &PartialRetryError{Job: jobID, Reopened: reopened, Err: err}
+				return nil, &PartialRetryError{Job: jobID, Reopened: reopened, Err: err}
 			}
 			return nil, err
 		}
