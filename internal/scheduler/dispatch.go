@@ -143,7 +143,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			// passes, it does not hold back lower work.
 			w.s.stopWaiting(holder)
 			putBack = append(putBack, i)
-			waitAtLeast(max(at.Sub(now), gateRedelivery))
+			waitAtLeast(max(at.Sub(now), gateMinWait))
 			w.wakeAt(jt.id, at)
 			if st.Waiting != why {
 				st.Waiting, st.UpdatedAt = why, now

@@ -306,9 +306,12 @@ const sealSlice = 64
 // sealSlice records it would not write anyway; done says none is left,
 // and the job may end in this turn if its steps have.
 func (js *jobState) settleExpiry() (done bool) {
-	want := js.open == 0
-	if js.job.Inline || (!want && js.nexpiring == 0) {
-		return true
+	want, target := js.open == 0, 0
+	if want {
+		target = len(js.steps)
+	}
+	if js.job.Inline || js.nexpiring == target {
+		return true // every record as it should be: nothing to walk
 	}
 	extra := 0
 	for i := range js.steps {

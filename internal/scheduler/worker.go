@@ -253,14 +253,9 @@ const reloadBudget = 16
 // no job record). A job whose round is under way (steps it tried and must
 // try again are kept aside in blocked) keeps its cache unless the job
 // record's revision moved: read again, the round started over from its
-// first step, and a large fan-out at capacity never finished one. The
-// waiter counts it as read either way; a read that fails changes nothing
-// until the next one.
+// first step, and a large fan-out at capacity never finished one. A read
+// that fails changes nothing until the next one.
 func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
-	if wt, ok := w.waiting[job]; ok {
-		wt.readAt = w.s.now()
-		w.waiting[job] = wt
-	}
 	js := w.cache[job]
 	if js == nil {
 		return false // read afresh anyway
@@ -275,6 +270,15 @@ func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
 		return true // gone: reading it again says so
 	}
 	return err == nil && rev != js.jobRev
+}
+
+// markRead notes that a waiting job's records were (or are about to be)
+// read from the store (waiter.readAt).
+func (w *worker) markRead(job string) {
+	if wt, ok := w.waiting[job]; ok {
+		wt.readAt = w.s.now()
+		w.waiting[job] = wt
+	}
 }
 
 // takeHeld removes and returns the messages held for a waiting job; its
@@ -405,6 +409,9 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			if due, ok := w.wakes[in.job]; ok && !due.After(w.s.now()) {
 				delete(w.wakes, in.job)
 			}
+		}
+		if in.reload {
+			w.markRead(in.job) // the question below counts as a read
 		}
 		if in.kind == inAdvance || (in.reload && w.changedElsewhere(ctx, in.job)) {
 			// Someone else changed the job (released a step, cancelled it):
@@ -681,6 +688,10 @@ func (w *worker) retry(jt *jobTurn) {
 	// more as a refusal (handed back, it came back for ever, and the job
 	// was never stored or its step never ended).
 	tooLarge := errors.Is(jt.err, nats.ErrMaxPayload)
+	// A submission only when the turn was creating the job: one of a job
+	// that exists is a resubmission, and the record too large is the
+	// job's, not its.
+	creating := jt.js == nil || jt.js.jobRev == 0
 	var again []input
 	for _, in := range jt.inputs {
 		in.tries++
@@ -688,10 +699,6 @@ func (w *worker) retry(jt *jobTurn) {
 			again = append(again, in)
 			continue
 		}
-		// A submission only when the turn was creating the job: one of a
-		// job that exists is a resubmission, and the record too large is
-		// the job's, not its.
-		creating := jt.js == nil || jt.js.jobRev == 0
 		if tooLarge && in.tooLarge < tooLargeEvery && ((in.kind == inSubmit && creating) || in.kind == inResult) {
 			w.log.Error().Err(jt.err).Str(logging.FieldJob, jt.id).Msg("a record is too large for one message: applying its input again as a refusal")
 			in.tooLarge++

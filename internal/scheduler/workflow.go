@@ -335,10 +335,9 @@ func (w *worker) gateFreed(job string) bool {
 	return true
 }
 
-// gateRedelivery is the least wait of a job held back by a gate before its
-// waiter's retryAt: its wake (wakeAt) retries it on time, and retryAt is
-// only the fallback.
-const gateRedelivery = time.Second
+// gateMinWait is the least wait before a gated job's waiter's retryAt:
+// its wake (wakeAt) retries it on time, and retryAt is only the fallback.
+const gateMinWait = time.Second
 
 // wakeAt retries a job held back by a gate at the time the gate named: a
 // rate limit's next grant is known to the millisecond, and waiting for the
