@@ -19,6 +19,9 @@ type Options struct {
 	ServerName string
 	// Logs sends the server's own log lines to stderr.
 	Logs bool
+	// MaxPayload is the largest message the server takes. Defaults to the
+	// server's (1 MiB).
+	MaxPayload int32
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -42,8 +45,7 @@ func Start(o Options) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   o.StoreDir,
 		NoSigs:     true,
-		// Warden's payloads are bounded by its own spec size limit; the
-		// server default (1 MiB) is kept.
+		MaxPayload: o.MaxPayload,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)

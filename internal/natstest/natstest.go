@@ -18,15 +18,22 @@ import (
 // port with the same store, as a nats-server restart.
 type Server struct {
 	*server.Server
-	URL  string
-	Dir  string
-	port int
+	URL        string
+	Dir        string
+	port       int
+	maxPayload int32
 }
 
 // New starts a server with JetStream on a random port in t.TempDir().
-func New(t testing.TB) *Server {
+func New(t testing.TB) *Server { return newServer(t, 0) }
+
+// NewLimited is New with a server that takes messages of at most
+// maxPayload bytes (the default is 1 MiB).
+func NewLimited(t testing.TB, maxPayload int32) *Server { return newServer(t, maxPayload) }
+
+func newServer(t testing.TB, maxPayload int32) *Server {
 	t.Helper()
-	s := &Server{Dir: t.TempDir(), port: -1}
+	s := &Server{Dir: t.TempDir(), port: -1, maxPayload: maxPayload}
 	s.Up(t)
 	s.port = s.Addr().(*net.TCPAddr).Port
 	s.URL = s.ClientURL()
@@ -48,7 +55,7 @@ func (s *Server) Down() {
 // reconnect forever come back, and JetStream keeps what it stored.
 func (s *Server) Up(t testing.TB) {
 	t.Helper()
-	srv, err := embedded.Start(embedded.Options{Port: s.port, StoreDir: s.Dir, ServerName: "test"})
+	srv, err := embedded.Start(embedded.Options{Port: s.port, StoreDir: s.Dir, ServerName: "test", MaxPayload: s.maxPayload})
 	if err != nil {
 		t.Fatalf("start nats: %v", err)
 	}

@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
@@ -58,29 +57,10 @@ func TestLostPubAckIsRetriedLongBeforeTheDeadline(t *testing.T) {
 // deadline, and the step ran again and again the same way.
 func TestResultFitsTheServersMaxPayload(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		MaxPayload: 256 << 10, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := streams.Ensure(context.Background(), js, streams.Options{TaskShards: 2, PresenceTTL: time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{nc: nc, js: js}
+	srv := natstest.NewLimited(t, 256<<10)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: srv, nc: nc, js: js}
 	cfg := testConfig("a1")
 	cfg.MaxResultBytes = 900 << 10
 	b.start(t, cfg, func(a *agent.Agent) {
