@@ -187,3 +187,30 @@ func agentResult(job, step string, now time.Time) *nats.Msg {
 	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(job, step, 1, ""))
 	return m
 }
+
+// editJob changes job id's record with edit, at the revision it read.
+func (b *bundle) editJob(t *testing.T, id string, edit func(*jobstore.Job)) {
+	t.Helper()
+	j, rev, err := b.store.Job(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(j)
+	if _, err := b.store.UpdateJob(context.Background(), j, rev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// editStep changes the record of step id of job with edit, at the revision
+// it read.
+func (b *bundle) editStep(t *testing.T, job, id string, edit func(*jobstore.Step)) {
+	t.Helper()
+	st, rev, err := b.store.Step(context.Background(), job, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(st)
+	if _, err := b.store.UpdateStep(context.Background(), st, rev); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -114,14 +114,7 @@ func TestCancelThatStoppedNothingLeavesTheJobSucceeded(t *testing.T) {
 			id += "-compensate"
 		}
 		storeChain(t, b, id, jobstore.JobRunning, jobstore.StepSucceeded, jobstore.StepSucceeded)
-		j, rev, err := b.store.Job(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j.Desired, j.CompensateOnCancel = jobstore.JobCancelled, compensate
-		if _, err := b.store.UpdateJob(context.Background(), j, rev); err != nil {
-			t.Fatal(err)
-		}
+		b.editJob(t, id, func(j *jobstore.Job) { j.Desired, j.CompensateOnCancel = jobstore.JobCancelled, compensate })
 		b.advance(t, id)
 		natstest.Eventually(t, 10*time.Second, id+" ended", func() bool {
 			j, _, err := b.store.Job(context.Background(), id)
@@ -144,23 +137,9 @@ func TestCancelThatReachedAStepEndsCancelled(t *testing.T) {
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
 	storeChain(t, b, "job-reached", jobstore.JobRunning, jobstore.StepSucceeded, jobstore.StepSucceeded)
-	ctx := context.Background()
-	st, rev, err := b.store.Step(ctx, "job-reached", "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Desired = jobstore.StepCancelled // told to stop while it ran; it succeeded anyway
-	if _, err := b.store.UpdateStep(ctx, st, rev); err != nil {
-		t.Fatal(err)
-	}
-	j, jrev, err := b.store.Job(ctx, "job-reached")
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.Desired = jobstore.JobCancelled
-	if _, err := b.store.UpdateJob(ctx, j, jrev); err != nil {
-		t.Fatal(err)
-	}
+	// Told to stop while it ran; it succeeded anyway.
+	b.editStep(t, "job-reached", "c", func(st *jobstore.Step) { st.Desired = jobstore.StepCancelled })
+	b.editJob(t, "job-reached", func(j *jobstore.Job) { j.Desired = jobstore.JobCancelled })
 	b.advance(t, "job-reached")
 	b.waitJob(t, "job-reached", jobstore.JobCancelled)
 }
@@ -211,14 +190,7 @@ func TestStepReopenedAfterCompensationEndsCancelled(t *testing.T) {
 	a := handagent.Start(t, b.js, "default", "r-1", nil)
 	storeChain(t, b, "job-undone", jobstore.JobCompensated, jobstore.StepPending, jobstore.StepSkipped)
 	ctx := context.Background()
-	j, rev, err := b.store.Job(ctx, "job-undone")
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.ForwardSteps = len(j.Spec.Steps)
-	if _, err := b.store.UpdateJob(ctx, j, rev); err != nil {
-		t.Fatal(err)
-	}
+	b.editJob(t, "job-undone", func(j *jobstore.Job) { j.ForwardSteps = len(j.Spec.Steps) })
 	b.advance(t, "job-undone")
 	st, _, err := b.store.Step(ctx, "job-undone", "b")
 	if err != nil || st.State != jobstore.StepCancelled {
