@@ -79,18 +79,17 @@ func run(ctx context.Context, args []string) error {
 	}
 	started := time.Now()
 	rep, err := bench.Run(ctx, cfg)
-	if errors.Is(err, bench.ErrInterrupted) {
-		// A partial run is printed, never written: latest.json is what
-		// the next run compares against.
-		fmt.Println()
-		rep.Print(os.Stdout)
-		return err
-	}
-	if err != nil {
+	interrupted := errors.Is(err, bench.ErrInterrupted)
+	if err != nil && !interrupted {
 		return err
 	}
 	fmt.Println()
 	rep.Print(os.Stdout)
+	if interrupted {
+		// A partial run is printed, never written: latest.json is what
+		// the next run compares against.
+		return err
+	}
 	if !*noWrite {
 		paths, err := rep.WriteFiles(*out, started, before)
 		if err != nil {
