@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,8 +42,10 @@ type worker struct {
 	q     *queue
 	cache map[string]*jobState
 	// waiting holds jobs with a ready step that found no agent or no free
-	// slot; a presence or capacity change wakes them.
+	// slot; a presence or capacity change wakes them. Written only by
+	// setWaiter and dropWaiter, which keep orders (waitorder.go).
 	waiting map[string]waiter
+	orders  waitOrders
 	log     zerolog.Logger
 	// lastWake (unix nanos) rate-limits wakes from presence changes.
 	lastWake atomic.Int64
@@ -123,6 +124,9 @@ type waiter struct {
 	// the priority backlog. A wake at least wait_retry after the last read
 	// reads the job again.
 	readAt time.Time
+	// dueSeq, extendSeq and wakeSeq stamp its current entry in each of
+	// the worker's orders (waitorder.go).
+	dueSeq, extendSeq, wakeSeq uint64
 }
 
 // wakeBudget is how many waiting jobs one wake retries in a worker. A wake
@@ -156,18 +160,7 @@ func (w *worker) expandWakes(batch []input) []input {
 			out = append(out, in)
 			continue
 		}
-		ids := make([]string, 0, len(w.waiting))
-		for id, wt := range w.waiting {
-			if !wt.gate {
-				ids = append(ids, id)
-			}
-		}
-		// Fewest steps in flight first, then the longest waiting.
-		slices.SortFunc(ids, func(a, b string) int {
-			wa, wb := w.waiting[a], w.waiting[b]
-			return cmp.Or(cmp.Compare(wa.inFlight, wb.inFlight), wa.since.Compare(wb.since))
-		})
-		for _, id := range ids[:min(len(ids), wakeBudget)] {
+		for _, id := range w.firstToWake(wakeBudget) {
 			out = append(out, input{kind: inWake, job: id})
 		}
 	}
@@ -175,7 +168,7 @@ func (w *worker) expandWakes(batch []input) []input {
 }
 
 func newWorker(s *Scheduler) *worker {
-	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]waiter{}, log: s.log,
+	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]waiter{}, orders: newWaitOrders(), log: s.log,
 		ctx: context.Background(), gated: map[string]time.Time{}, wakes: map[string]time.Time{}}
 }
 
@@ -219,25 +212,16 @@ func (w *worker) dueRetries(now time.Time) []input {
 		return nil
 	}
 	w.lastSweep = now
+	w.extendHeld(now, now.Add(-w.s.cfg.AckWait.Std()/2))
 	var out []input
 	reloads := 0
-	extendAfter := w.s.cfg.AckWait.Std() / 2
-	for id, wt := range w.waiting {
-		if len(wt.held) > 0 && now.Sub(wt.extended) >= extendAfter {
-			for _, m := range wt.held {
-				_ = m.InProgress()
-			}
-			wt.extended = now
-			w.waiting[id] = wt
+	for _, id := range w.dueBy(now, turnInputs) {
+		in := input{kind: inWake, job: id, at: now}
+		if reloads < reloadBudget && now.Sub(w.waiting[id].readAt) >= w.s.cfg.WaitRetry.Std() {
+			in.reload = true
+			reloads++
 		}
-		if len(out) < turnInputs && !wt.retryAt.After(now) {
-			in := input{kind: inWake, job: id, at: now}
-			if reloads < reloadBudget && now.Sub(wt.readAt) >= w.s.cfg.WaitRetry.Std() {
-				in.reload = true
-				reloads++
-			}
-			out = append(out, in)
-		}
+		out = append(out, in)
 	}
 	return out
 }
@@ -277,7 +261,7 @@ func (w *worker) changedElsewhere(ctx context.Context, job string) bool {
 func (w *worker) markRead(job string) {
 	if wt, ok := w.waiting[job]; ok {
 		wt.readAt = w.s.now()
-		w.waiting[job] = wt
+		w.setWaiter(job, wt)
 	}
 }
 
@@ -290,7 +274,7 @@ func (w *worker) takeHeld(id string) []jetstream.Msg {
 	}
 	held := wt.held
 	wt.held = nil
-	w.waiting[id] = wt
+	w.setWaiter(id, wt)
 	w.s.holds.give(id, len(held))
 	return held
 }
@@ -605,7 +589,7 @@ func (w *worker) finish(jt *jobTurn) {
 	}
 	if jt.finished || (jt.js != nil && jt.js.job.State.Terminal()) {
 		delete(w.cache, jt.id)
-		delete(w.waiting, jt.id)
+		w.dropWaiter(jt.id)
 		delete(w.wakes, jt.id)
 	}
 	var msgs []jetstream.Msg
@@ -665,10 +649,10 @@ func (w *worker) finish(jt *jobTurn) {
 		// Not all of them (holds.go): the record says what the job
 		// waits for, and memory wakes it.
 		wt.held = append(wt.held, w.s.holds.hold(jt.id, msgs)...)
-		w.waiting[jt.id] = wt
+		w.setWaiter(jt.id, wt)
 	default:
 		if jt.js != nil { // else the turn did not look at the job: its waiter stands
-			delete(w.waiting, jt.id)
+			w.dropWaiter(jt.id)
 		}
 		for _, m := range msgs {
 			_ = m.Ack()
