@@ -324,9 +324,12 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 }
 
 // CompensationStep is the step that runs c for step s: same pool, agent
-// and requirements unless c names its own, the same priority,
-// concurrency key and rate limit, no dependencies (the planner orders
-// compensations).
+// and requirements (or cluster and target) unless c names its own pool or
+// agent, the same priority, concurrency key and rate limit, no
+// dependencies (the planner orders compensations). A cluster step's undo
+// goes through its cluster to the member that owns its target, fenced
+// like the step: without them it went to the default pool, to any agent
+// or none.
 func (s Step) CompensationStep() (Step, bool) {
 	c := s.Compensate
 	if c == nil {
@@ -334,9 +337,12 @@ func (s Step) CompensationStep() (Step, bool) {
 	}
 	out := Step{
 		ID: CompensationID(s.ID), Action: c.Action, Params: c.Params,
-		Pool: s.Pool, Agent: s.Agent, Requires: s.Requires,
+		Pool: s.Pool, Agent: s.Agent, Requires: s.Requires, Cluster: s.Cluster, Target: s.Target,
 		Timeout: c.Timeout, MaxRetries: c.MaxRetries, Retry: c.Retry,
 		Priority: s.Priority, Concurrency: s.Concurrency, RateLimit: s.RateLimit,
+	}
+	if c.Pool != "" || c.Agent != "" {
+		out.Cluster, out.Target = "", "" // runs where c says, outside the cluster
 	}
 	if c.Pool != "" {
 		out.Pool, out.Agent = c.Pool, c.Agent

@@ -131,3 +131,32 @@ func TestEffectiveRankAges(t *testing.T) {
 		t.Errorf("aging off: rank %d", got)
 	}
 }
+
+// A cluster step's undo goes through the same cluster to the member that
+// owns its target, unless the compensation names a pool or an agent of its
+// own: it lost both, and ran on the default pool's agents, or none.
+func TestCompensationOfAClusterStepKeepsItsCluster(t *testing.T) {
+	t.Parallel()
+	j, err := spec.Parse([]byte(`{"name":"c","steps":[
+		{"id":"a","action":"deploy","cluster":"web","target":"site-1","compensate":{"action":"undeploy"}},
+		{"id":"b","action":"deploy","cluster":"web","target":"site-2","compensate":{"action":"undeploy","pool":"ops"}}]}`), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := j.Steps[0].CompensationStep()
+	if a.Cluster != "web" || a.Target != "site-1" || a.Pool != "" || a.Agent != "" {
+		t.Fatalf("a's compensation: cluster %q, target %q, pool %q, agent %q; want web, site-1 and no pool or agent", a.Cluster, a.Target, a.Pool, a.Agent)
+	}
+	b, _ := j.Steps[1].CompensationStep()
+	if b.Cluster != "" || b.Target != "" || b.Pool != "ops" {
+		t.Fatalf("b's compensation: cluster %q, target %q, pool %q; want the ops pool outside the cluster", b.Cluster, b.Target, b.Pool)
+	}
+	if err := j.Validate(spec.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	// Each is a valid step as it stands (a cluster step names no pool).
+	undo := spec.Job{Name: "undo", Steps: []spec.Step{a, b}}
+	if err := undo.Validate(spec.Limits{}); err != nil {
+		t.Fatalf("the compensation steps as a job: %v", err)
+	}
+}
