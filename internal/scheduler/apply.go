@@ -98,6 +98,12 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	}
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
+	// The dispatch may have ended the job's last open step itself (a
+	// cancel of a pending step, an unknown action): its compensation
+	// starts now, or the job ended cancelled or failed with nothing undone.
+	if w.startCompensation(jt, now) {
+		w.dispatch(jt, now)
+	}
 	if !js.settleExpiry() {
 		jt.more = true // its records' TTL goes on in a later turn; the job ends then
 	} else if js.settle(now) {

@@ -22,13 +22,13 @@ import (
 )
 
 // startCompensation turns a job that just failed into a compensating one,
-// if it has anything to undo.
-func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
+// if it has anything to undo, and says whether it did.
+func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	js := jt.js
 	j := js.job
 	if js.open > 0 || j.State.Terminal() || j.State == jobstore.JobCompensating || j.ForwardSteps > 0 ||
 		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel) {
-		return
+		return false
 	}
 	// A permanent failure, or a cancel that asked for compensation and
 	// stopped something (one that came after every step had succeeded
@@ -47,11 +47,11 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 		in[i] = s
 	}
 	if !failed {
-		return
+		return false
 	}
 	plan, err := compensate.Plan(in)
 	if err != nil || len(plan) == 0 {
-		return
+		return false
 	}
 	var specs []spec.Step
 	var order []string
@@ -66,7 +66,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 	recs, err := jobstore.NewSteps(j.ID, spec.Job{Steps: specs}, w.s.stepDefaults(), now)
 	if err != nil {
 		w.log.Warn().Err(err).Str(logging.FieldJob, j.ID).Msg("compensation not started: its steps are invalid")
-		return
+		return false
 	}
 	j.ForwardSteps = len(j.Spec.Steps)
 	j.Spec.Steps = append(j.Spec.Steps, specs...)
@@ -86,17 +86,21 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) {
 	ev := protocol.Event{Kind: protocol.EventJobCompensating, ID: j.ID, JobID: j.ID, Reason: js.failure(),
 		Data: map[string]string{"plan": strings.Join(order, ",")}}
 	jt.events = append(jt.events, outEvent{Event: ev, dedup: "start"})
+	return true
 }
 
-// failure describes the first forward step that failed, or the cancel.
+// failure describes the first forward step that failed, or the cancel
+// that asked for compensation. A failure comes first: a plain cancel of a
+// job already compensating changes nothing but its desired state, and
+// named the cancel as the job's error instead of the step that failed.
 func (js *jobState) failure() string {
-	if js.job.Desired == jobstore.JobCancelled {
-		return "cancelled with compensation"
-	}
 	for _, st := range js.steps[:max(js.job.ForwardSteps, 0)] {
 		if st.State == jobstore.StepFailed || st.State == jobstore.StepDeadLettered {
 			return fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
 		}
+	}
+	if js.job.Desired == jobstore.JobCancelled {
+		return "cancelled with compensation"
 	}
 	return ""
 }

@@ -535,3 +535,88 @@ func overlaps(got []run) []string {
 	}
 	return out
 }
+
+// A job's compensation starts when its last open step ends, whoever ends
+// it. The turn's dispatch can: a cancel ends a step still pending (here
+// waiting for a pool with no agents), an unknown action fails one. The
+// turn asked for compensation before its dispatch only, found a step
+// open, and then ended the job cancelled or failed with seat never undone.
+func TestCompensationStartsWhenDispatchEndsTheLastStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var mu sync.Mutex
+	var order []string
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		mu.Lock()
+		order = append(order, task.JobID+"/"+task.StepID)
+		mu.Unlock()
+		return "ok", nil
+	})
+	executions := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(order, " ")
+	}
+	// A cancel with compensation while the last step waits for an agent.
+	publishJobs(t, b, 1, "trip", `{"name":"trip","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"car","action":"echo","pool":"nobody","depends_on":["seat"]}]}`)
+	natstest.Eventually(t, 20*time.Second, "car waiting for an agent", func() bool {
+		st, _, err := b.store.Step(context.Background(), "trip-0000", "car")
+		return err == nil && st.State == jobstore.StepPending && st.Waiting != ""
+	})
+	if _, err := client.New(b.js, client.Options{}).CancelCompensate(context.Background(), "trip-0000"); err != nil {
+		t.Fatal(err)
+	}
+	job := b.waitJobWithin(t, "trip-0000", jobstore.JobCompensated, 20*time.Second)
+	// An action no agent of the pool offers fails the last step at dispatch.
+	publishJobs(t, b, 1, "pay", `{"name":"pay","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"charge","action":"no_such_action","depends_on":["seat"]}]}`)
+	job2 := b.waitJobWithin(t, "pay-0000", jobstore.JobCompensated, 20*time.Second)
+	got := executions()
+	if got != "trip-0000/seat trip-0000/seat_compensate pay-0000/seat pay-0000/seat_compensate" {
+		t.Fatalf("executions %q", got)
+	}
+	t.Logf("trip: %s (%s); pay: %s (%s)", job.State, job.Error, job2.State, job2.Error)
+}
+
+// A plain cancel of a job already compensating changes nothing but its
+// desired state: the undo runs to its end, and the job's error still names
+// the step that failed (it named the cancel instead).
+func TestCancelDuringCompensationKeepsTheFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	undoing := make(chan struct{}, 1)
+	release := make(chan struct{})
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		switch task.StepID {
+		case "charge":
+			return nil, agent.Permanent(fmt.Errorf("card declined"))
+		case "seat_compensate":
+			undoing <- struct{}{}
+			<-release
+		}
+		return "ok", nil
+	})
+	publishJobs(t, b, 1, "pay", `{"name":"pay","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"charge","action":"echo","depends_on":["seat"]}]}`)
+	select {
+	case <-undoing:
+	case <-time.After(20 * time.Second):
+		t.Fatal("seat's compensation never started")
+	}
+	if _, err := client.New(b.js, client.Options{}).Cancel(context.Background(), "pay-0000"); err != nil {
+		t.Logf("cancel: %v", err)
+	}
+	close(release)
+	job := b.waitJobWithin(t, "pay-0000", jobstore.JobCompensated, 20*time.Second)
+	if !strings.Contains(job.Error, "step charge failed") || !strings.Contains(job.Error, "card declined") {
+		t.Fatalf("job %s with error %q; want it to name charge's failure", job.State, job.Error)
+	}
+}
