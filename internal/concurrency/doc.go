@@ -1,9 +1,9 @@
 // Package concurrency owns concurrency keys: at most Limit holders of a key
 // at once across every scheduler, waiters served in arrival order.
 //
-// State lives in the warden_concurrency bucket, one record per key, written
-// only by compare-and-set, so any number of schedulers share it: a lost
-// race re-reads and decides again.
+// State lives in the warden_concurrency bucket, one record per key in use,
+// written only by compare-and-set, so any number of schedulers share it: a
+// lost race re-reads and decides again.
 //
 // Guarantees:
 //   - Never more than limit unexpired holders of a key (CAS on one record).
@@ -17,6 +17,20 @@
 //   - Release tells the caller which waiters a freed slot now belongs to,
 //     so the caller can advance their jobs at once instead of waiting for
 //     their retry time.
+//   - A key's record is removed when it is empty (no holders, and no
+//     waiters once ended leases are dropped): by the Release that empties
+//     it, or by any Release that finds it so (its leases ended; written
+//     by an older version). The bucket holds the keys in use, not every
+//     key ever used (per-entity keys such as "customer-<id>" would grow
+//     it without bound), and a process keeps no state for an idle key.
+//     The removal is a purge at the record's revision, a
+//     compare-and-set like every write, so an Acquire that wrote meanwhile
+//     is never lost; the purge's marker expires after the bucket's
+//     limit_marker_ttl, and an Acquire after a removal makes the record
+//     again. A record whose last holders never release (their scheduler
+//     died) stays until its key is used again. On a bucket without
+//     limit_marker_ttl (made by an older version, not yet updated by
+//     `warden setup`) empty records are kept, as they were.
 //
 // Holder ids should name the work, not the attempt (e.g. "<job>.<step>"):
 // a re-dispatch of the same step then renews its own slot instead of

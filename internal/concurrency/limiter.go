@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,13 +56,24 @@ func (c Config) WithDefaults() Config {
 
 // Limiter grants and releases slots of concurrency keys.
 type Limiter struct {
-	kv  jetstream.KeyValue
-	cfg Config
+	kv jetstream.KeyValue
+	// stream is the bucket's stream, read directly to learn a removed
+	// key's marker revision (kv.Get hides it).
+	stream jetstream.Stream
+	cfg    Config
+	// markerTTL is how long the marker of a removed record stays: the
+	// bucket's limit_marker_ttl. 0 (a bucket made before records were
+	// removed, not yet updated by `warden setup`): empty records are
+	// written and kept, as then.
+	markerTTL time.Duration
 	// keys serialises this process's updates of each key: its callers
 	// would otherwise lose compare-and-set races to each other and retry,
 	// each retry another read and write of a record that grows with the
 	// queue. Races with other processes are still settled by the CAS.
-	keys sync.Map // key → *keyState
+	// A key's state is dropped when no caller is using it and it caches
+	// nothing (one per key ever used would grow without bound).
+	mu   sync.Mutex
+	keys map[string]*keyState
 }
 
 // keyState is this process's hold on one key: the mutex that serialises
@@ -72,6 +84,7 @@ type Limiter struct {
 // write and a read, as before; after one, the cache is not trusted for a
 // while (other processes write the key too).
 type keyState struct {
+	users      int // callers using it; guarded by Limiter.mu
 	mu         sync.Mutex
 	rev        uint64 // 0: nothing cached
 	rec        record
@@ -87,7 +100,40 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Limiter, err
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", streams.BucketConcurrency, err)
 	}
-	return &Limiter{kv: kv, cfg: cfg.WithDefaults()}, nil
+	s, err := js.Stream(ctx, "KV_"+streams.BucketConcurrency)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", streams.BucketConcurrency, err)
+	}
+	return &Limiter{
+		kv: kv, stream: s, cfg: cfg.WithDefaults(),
+		markerTTL: s.CachedInfo().Config.SubjectDeleteMarkerTTL, // the bucket's limit_marker_ttl
+		keys:      map[string]*keyState{},
+	}, nil
+}
+
+// hold returns key's state, locked, counted as used until letGo.
+func (l *Limiter) hold(key string) *keyState {
+	l.mu.Lock()
+	ks := l.keys[key]
+	if ks == nil {
+		ks = new(keyState)
+		l.keys[key] = ks
+	}
+	ks.users++
+	l.mu.Unlock()
+	ks.mu.Lock()
+	return ks
+}
+
+// letGo unlocks ks and drops it when no one else uses it and it caches
+// nothing (a later use reads the key first, as it would anyway).
+func (l *Limiter) letGo(key string, ks *keyState) {
+	ks.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ks.users--; ks.users == 0 && ks.rev == 0 {
+		delete(l.keys, key)
+	}
 }
 
 // entry is a holder or a waiter.
@@ -121,11 +167,16 @@ const maxCAS = 16
 // update applies fn to key's record with compare-and-set, retrying lost
 // races. fn returns whether to write. A decision to write nothing is made
 // on the stored record, never on the cached one (which no CAS checks).
+// A record left empty is removed instead, by a purge at its revision: an
+// Acquire that wrote meanwhile makes it fail, as it would an update.
 func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) bool) error {
-	v, _ := l.keys.LoadOrStore(key, new(keyState))
-	ks := v.(*keyState)
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
+	if !validKey(key) {
+		// Checked here, not only by the writes: read takes the key as a
+		// subject, where a wildcard would read another key's record.
+		return fmt.Errorf("concurrency key %q: %w", key, jetstream.ErrInvalidKey)
+	}
+	ks := l.hold(key)
+	defer l.letGo(key, ks)
 	for attempt := range maxCAS {
 		if attempt > 0 {
 			// Lost a race: back off a little, with jitter, so that
@@ -138,41 +189,40 @@ func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) boo
 		}
 		cached := ks.rev != 0 && time.Now().After(ks.doubtUntil)
 		var (
-			r   record
-			rev uint64
-			err error
+			r    record
+			rev  uint64
+			gone bool
+			err  error
 		)
 		if cached {
 			r, rev = ks.rec.clone(), ks.rev
-		} else if r, rev, err = l.read(ctx, key); err != nil {
+		} else if r, rev, gone, err = l.read(ctx, key); err != nil {
 			return err
 		}
 		write := fn(&r)
 		if !write && cached {
-			if r, rev, err = l.read(ctx, key); err != nil {
+			if r, rev, gone, err = l.read(ctx, key); err != nil {
 				return err
 			}
 			write = fn(&r)
 		}
-		if !write {
+		idle := len(r.Holders)+len(r.Waiters) == 0
+		// An empty record is removed, not written (nor kept when it
+		// was found so: written by an older version, or left by
+		// leases that ended).
+		remove := idle && l.markerTTL > 0
+		if remove && (rev == 0 || gone) || !write && !remove {
 			ks.rev, ks.rec = rev, r
+			if idle {
+				// Keep no copy of an idle key; its next use reads first.
+				ks.rev, ks.rec = 0, record{}
+			}
 			return nil
 		}
-		b, err := json.Marshal(r)
-		if err != nil {
-			return err
-		}
 		var at uint64
-		if rev == 0 {
-			at, err = l.kv.Create(ctx, key, b)
-		} else {
-			at, err = l.kv.Update(ctx, key, b, rev)
-		}
-		if err == nil {
+		if at, err = l.store(ctx, key, r, rev, remove); err == nil {
 			ks.rev, ks.rec = at, r
-			if len(r.Holders)+len(r.Waiters) == 0 {
-				// Idle: keep no copy (one per key ever used would
-				// grow without bound); its next use reads first.
+			if idle {
 				ks.rev, ks.rec = 0, record{}
 			}
 			return nil
@@ -188,20 +238,63 @@ func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) boo
 	return ErrConflict
 }
 
-// read returns key's stored record and revision (0: none).
-func (l *Limiter) read(ctx context.Context, key string) (record, uint64, error) {
-	var r record
-	e, err := l.kv.Get(ctx, key)
+// store writes r on revision rev (a record's or a removed record's
+// marker; 0: the key holds nothing), or removes the record when remove is
+// set, by a purge at rev: a compare-and-set as Update is (an Acquire that
+// wrote meanwhile makes it fail, and the caller decides again). rev is
+// never 0 then: LastRevision(0) would purge whatever is stored. The purge
+// leaves a marker that expires after markerTTL.
+func (l *Limiter) store(ctx context.Context, key string, r record, rev uint64, remove bool) (uint64, error) {
+	if remove {
+		return 0, l.kv.Purge(ctx, key, jetstream.LastRevision(rev), jetstream.PurgeTTL(l.markerTTL))
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return 0, err
+	}
+	if rev == 0 {
+		return l.kv.Create(ctx, key, b)
+	}
+	return l.kv.Update(ctx, key, b, rev)
+}
+
+// validKey is the jetstream package's rule for a KV key: letters, digits
+// and "-/_=.", no empty token.
+func validKey(key string) bool {
+	if key == "" || key[0] == '.' || key[len(key)-1] == '.' || strings.Contains(key, "..") {
+		return false
+	}
+	for _, c := range key {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune("-/_=.", c)) {
+			return false
+		}
+	}
+	return true
+}
+
+// kvOperation is the header that marks a KV delete or purge, as the
+// jetstream package writes and reads it.
+const kvOperation = "KV-Operation"
+
+// read returns key's stored record and its revision; for a removed key,
+// an empty record, gone, and the revision of the removal's marker, so
+// that the key is written again on it in one round trip (Create would
+// find the marker and need two more); 0 when the key holds nothing.
+func (l *Limiter) read(ctx context.Context, key string) (r record, rev uint64, gone bool, err error) {
+	m, err := l.stream.GetLastMsgForSubject(ctx, "$KV."+streams.BucketConcurrency+"."+key)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return r, 0, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return r, 0, false, nil
 	case err != nil:
-		return r, 0, fmt.Errorf("read concurrency key %s: %w", key, err)
+		return r, 0, false, fmt.Errorf("read concurrency key %s: %w", key, err)
 	}
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return r, 0, fmt.Errorf("decode concurrency key %s: %w", key, err)
+	if m.Header.Get(kvOperation) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return r, m.Sequence, true, nil
 	}
-	return r, e.Revision(), nil
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return r, 0, false, fmt.Errorf("decode concurrency key %s: %w", key, err)
+	}
+	return r, m.Sequence, false, nil
 }
 
 // clone copies r, so that a decision on the cached record leaves it as it
@@ -211,9 +304,12 @@ func (r record) clone() record {
 	return r
 }
 
+// isWrongSeq reports a lost compare-and-set: 10071, or 10164, which a
+// replicated stream answers while another write of the key is in flight.
 func isWrongSeq(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // Acquire asks for a slot of key (at most limit holders) for holder, for
