@@ -72,6 +72,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		w.cache[jt.id] = js
 	}
 	jt.js = js
+	w.endedElsewhere(jt, now)
 	for k := range jt.inputs {
 		in := &jt.inputs[k]
 		switch {

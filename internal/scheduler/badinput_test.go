@@ -362,3 +362,32 @@ func TestSmallResultOverTheLimitStillEndsTheStep(t *testing.T) {
 		t.Errorf("step %s, error %q, %d bytes of output; want failed, naming max_payload, without the output", st.State, st.LastError, len(st.Output))
 	}
 }
+
+// A step of a multi-step job keeps its own record: an output that makes it
+// too large ends the step as for a one-step job (its record holds the
+// step's params and output, not the job's).
+func TestMultiStepResultTooLargeFailsTheStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{MaxSpecBytes: 1 << 20})
+	release := startHolder(t, b)
+	params := strings.Repeat("p", 350<<10)
+	b.submitNoReply(t, []byte(`{"name":"out","steps":[{"id":"s","action":"echo","params":{"p":"`+params+`"}},{"id":"t","action":"echo"}]}`), "job-multi")
+	var st *jobstore.Step
+	natstest.Eventually(t, 10*time.Second, "dispatched", func() bool {
+		var err error
+		st, _, err = b.store.Step(context.Background(), "job-multi", "s")
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	now := time.Now().UTC()
+	out := mustJSON(t, map[string]string{"o": strings.Repeat("o", 700<<10)})
+	if err := handagent.PublishResult(context.Background(), b.js, protocol.Result{JobID: "job-multi", StepID: "s", Epoch: st.Epoch,
+		Agent: "holder", Pool: "default", Status: protocol.ResultSucceeded, Output: out, StartedAt: now, FinishedAt: now, Token: st.Token}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 20*time.Second, "step s ended", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-multi", "s")
+		return err == nil && st.State.Terminal()
+	})
+	release()
+}

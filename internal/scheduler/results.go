@@ -165,7 +165,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	w.s.metrics.ResultApplied(r.Status)
 	// The agent has a free slot again, whatever its last heartbeat says.
 	w.s.release(st.Pool, r.Agent, r.FinishedAt)
-	w.releaseGates(jt, i)
+	jt.freed = append(jt.freed, i) // once the step's write landed: the copy judged may be stale
 	switch outcome {
 	case jobstore.OutcomeSucceeded:
 		log.Debug().Msg("step succeeded")

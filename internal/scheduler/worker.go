@@ -326,8 +326,12 @@ type jobTurn struct {
 	admitted []int
 	// grants are the concurrency slots each admitted step took this turn.
 	grants map[int][]gateGrant
-	err    error // a lost CAS or a store error: the inputs are retried
-	more   bool  // more ready steps than one slice: continue
+	// freed are the steps whose concurrency slots (or places in a key's
+	// queue) are given back once the turn's writes landed (finish): steps
+	// that ended or went back to wait in this turn (workflow.go).
+	freed []int
+	err   error // a lost CAS or a store error: the inputs are retried
+	more  bool  // more ready steps than one slice: continue
 	// wait, when set, says the job waits (no agent, a gate, a retry's
 	// backoff): it is tried again after this delay if nothing wakes it
 	// first. It keeps its messages meanwhile (waiter.held, within the hold
@@ -587,6 +591,7 @@ func (w *worker) finish(jt *jobTurn) {
 		w.retry(jt)
 		return
 	}
+	w.freeGates(jt)
 	if jt.finished || (jt.js != nil && jt.js.job.State.Terminal()) {
 		delete(w.cache, jt.id)
 		w.dropWaiter(jt.id)

@@ -294,9 +294,64 @@ func (w *worker) giveBack(jt *jobTurn, i int) {
 	}
 }
 
-// releaseGates gives back step i's concurrency slots once its result
-// arrived (a dispatch that did not land gives its own back: giveBackSlots), and
-// wakes the jobs whose steps the freed slots now belong to.
+// freeGates gives back, once a turn's writes landed, the concurrency
+// slots of the steps that ended or went back to wait in it (jt.freed), and
+// their places in keys' queues. Not before: a result judged on a stale
+// copy of its job (another scheduler dispatched the step again) freed the
+// slot the new dispatch ran on, and the write then found the copy stale.
+func (w *worker) freeGates(jt *jobTurn) {
+	if jt.err != nil || jt.js == nil {
+		return
+	}
+	slices.Sort(jt.freed)
+	for _, i := range slices.Compact(jt.freed) {
+		w.releaseGates(jt, i)
+	}
+	jt.freed = nil
+}
+
+// maxFreedOnAdvance bounds the slots one advance gives back for steps that
+// ended elsewhere; the leases of any others free them.
+const maxFreedOnAdvance = 64
+
+// endedElsewhere marks for freeGates the steps of an advanced job that
+// ended without a result this scheduler applied: parked in the DLQ, or
+// ended cancelled by the supervisor (it sends the advance). Their slots
+// were freed only by their leases (the step's timeout, its dispatch grace
+// and a second after the last admit: 5 m 31 s by default) while every
+// other job on the key waited. Steps that ended longer ago than a slot's
+// lease hold nothing any more; a succeeded step gave its slot back with
+// its result; giving back a slot not held changes nothing.
+func (w *worker) endedElsewhere(jt *jobTurn, now time.Time) {
+	if !slices.ContainsFunc(jt.inputs, func(in input) bool { return in.kind == inAdvance }) {
+		return
+	}
+	js := jt.js
+	n := 0
+	for i, st := range js.steps {
+		if n == maxFreedOnAdvance {
+			return
+		}
+		if !st.State.Terminal() || st.State == jobstore.StepSucceeded ||
+			len(js.job.Spec.StepConcurrency(js.job.Spec.Steps[i])) == 0 {
+			continue
+		}
+		ended := st.FinishedAt
+		if ended.IsZero() {
+			ended = st.UpdatedAt
+		}
+		if now.Sub(ended) > st.Timeout.Std()+w.s.cfg.DispatchGrace.Std()+slotMargin {
+			continue
+		}
+		jt.freed = append(jt.freed, i)
+		n++
+	}
+}
+
+// releaseGates gives back step i's concurrency slots (and its place in
+// their queues), and wakes the jobs whose steps the freed slots now belong
+// to (freeGates; a dispatch that did not land gives its own back:
+// giveBackSlots).
 func (w *worker) releaseGates(jt *jobTurn, i int) {
 	sp := &jt.js.job.Spec
 	keys := sp.StepConcurrency(sp.Steps[i])

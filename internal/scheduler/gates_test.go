@@ -1,0 +1,132 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/client"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
+)
+
+// keyState reads a concurrency key's live holders and waiters.
+func keyState(t *testing.T, b *bundle, key string) concurrency.State {
+	t.Helper()
+	l, err := concurrency.New(context.Background(), b.js, concurrency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.Inspect(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// keyed is a job of two steps, s holding concurrency key k (limit 1) for
+// up to a minute, and t after it: two steps, so that s has a record of its
+// own to edit.
+func keyed(k string) []byte {
+	return []byte(fmt.Sprintf(`{"name":"keyed","steps":[
+ {"id":"s","action":"echo","timeout":"60s","concurrency":{"key":%q,"limit":1}},
+ {"id":"t","action":"echo","depends_on":["s"]}]}`, k))
+}
+
+func waitDispatched(t *testing.T, b *bundle, job, step string) *jobstore.Step {
+	t.Helper()
+	var st *jobstore.Step
+	natstest.Eventually(t, 15*time.Second, job+"."+step+" dispatched", func() bool {
+		var err error
+		st, _, err = b.store.Step(context.Background(), job, step)
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	return st
+}
+
+// A step that ends without a result (the supervisor dead-letters it, or
+// ends it cancelled when its agent never confirmed) gives its slot back
+// when its job advances. Only a result released it; other jobs on the key
+// waited out the slot's lease (the step's timeout, its dispatch grace and
+// a second: here 61 s).
+func TestSlotOfAStepEndedWithoutAResultIsFreed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	startHolder(t, b)
+	b.submitNoReply(t, keyed("k-park"), "job-parked")
+	waitDispatched(t, b, "job-parked", "s")
+	// What the supervisor's park writes, then its advance.
+	b.editStep(t, "job-parked", "s", func(st *jobstore.Step) {
+		now := time.Now().UTC()
+		st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepDeadLettered, "parked by the test", now, now
+	})
+	b.advance(t, "job-parked")
+	b.submitNoReply(t, keyed("k-park"), "job-next")
+	natstest.Eventually(t, 10*time.Second, "job-next's step holding the key", func() bool {
+		return slices.Contains(keyState(t, b, "k-park").Holders, "job-next.s")
+	})
+}
+
+// A result judged on a stale cached copy of its job (another scheduler
+// dispatched the step again since) did free the step's slot before the
+// turn's write found the copy stale: the re-dispatch ran without it, and
+// another job on the key beside it. A slot is freed only once the result's
+// write landed.
+func TestStaleResultKeepsTheRunningStepsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	startHolder(t, b)
+	b.submitNoReply(t, keyed("k-stale"), "job-stale")
+	st := waitDispatched(t, b, "job-stale", "s")
+	// Another scheduler's dispatch of the step at epoch 2, which this
+	// scheduler's cache has not seen.
+	b.editStep(t, "job-stale", "s", func(s *jobstore.Step) {
+		s.Epoch++
+		s.Actor = "elsewhere"
+		s.LockedUntil = time.Now().Add(time.Minute).UTC()
+	})
+	now := time.Now().UTC()
+	if err := handagent.PublishResult(context.Background(), b.js, protocol.Result{JobID: "job-stale", StepID: "s", Epoch: st.Epoch,
+		Agent: "holder", Pool: "default", Status: protocol.ResultSucceeded, StartedAt: now, FinishedAt: now, Token: st.Token}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 10*time.Second, "the epoch-1 result dropped as stale", func() bool {
+		return len(b.events(t, protocol.EventStaleResult, "job-stale")) > 0
+	})
+	if ks := keyState(t, b, "k-stale"); !slices.Contains(ks.Holders, "job-stale.s") {
+		t.Fatalf("key k-stale: holders %v, waiters %v; want job-stale.s still holding it (its epoch 2 runs)", ks.Holders, ks.Waiters)
+	}
+}
+
+// A step cancelled (or expired) while queued for a key leaves the queue:
+// it stayed at the head, a freed slot went to it, and the steps behind it
+// waited for its wait lease to end (up to 45 s).
+func TestCancelledWaiterLeavesTheKeysQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	release := startHolder(t, b)
+	for _, id := range []string{"job-q1", "job-q2", "job-q3"} {
+		b.submitNoReply(t, keyed("k-queue"), id)
+		if id == "job-q1" {
+			waitDispatched(t, b, id, "s")
+		}
+	}
+	natstest.Eventually(t, 10*time.Second, "job-q2 and job-q3 queued for the key", func() bool {
+		return len(keyState(t, b, "k-queue").Waiters) == 2
+	})
+	if _, err := client.New(b.js, client.Options{}).Cancel(context.Background(), "job-q2"); err != nil {
+		t.Fatal(err)
+	}
+	b.waitJobWithin(t, "job-q2", jobstore.JobCancelled, 10*time.Second)
+	release()
+	b.waitJobWithin(t, "job-q3", jobstore.JobSucceeded, 10*time.Second)
+}
