@@ -190,3 +190,28 @@ type countedMsg struct {
 }
 
 func (m *countedMsg) InProgress() error { m.progress++; return nil }
+
+// A finished job forgets its steps' places in gates' queues, and a freed
+// slot's wake forgets its job's, without a walk of every entry: entries of
+// jobs that ended while queued (cancelled, expired) stayed for good, and
+// every freed slot in the deployment walked them all.
+func TestGatedStepsAreForgottenWithTheirJob(t *testing.T) {
+	w := newWorker(&Scheduler{cfg: DefaultConfig(), now: time.Now})
+	until := time.Now().Add(time.Minute)
+	w.gate("job-a", "s1", until)
+	w.gate("job-a", "s2", until)
+	w.gate("job-b", "s1", until)
+	w.finish(&jobTurn{id: "job-a", js: endedJob(t, 2), finished: true})
+	if _, ok := w.gated["job-a"]; ok || len(w.gated["job-b"]) != 1 {
+		t.Fatalf("after job-a finished: gated %v, want job-b's step only", w.gated)
+	}
+	w.gateFreed("job-b")
+	if len(w.gated) != 0 {
+		t.Fatalf("after job-b's wake: gated %v, want none", w.gated)
+	}
+	w.gate("job-c", "s1", until)
+	w.ungate("job-c", "s1")
+	if len(w.gated) != 0 {
+		t.Fatalf("after job-c's step asked again: gated %v, want none", w.gated)
+	}
+}

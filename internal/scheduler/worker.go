@@ -52,10 +52,11 @@ type worker struct {
 	// turns counts turns; a cached job remembers the turn that last used
 	// it, so the least recently used are dropped when the cache is full.
 	turns uint64
-	// gated holds, per step (holderID), until when it waits in a
+	// gated holds, per job and step, until when the step waits in a
 	// concurrency key's queue: wakes before then skip the key's record
-	// (workflow.go).
-	gated map[string]time.Time
+	// (workflow.go). By job, so that a freed slot's wake (gateFreed) and a
+	// finished job forget their steps without a walk of every entry.
+	gated map[string]map[string]time.Time
 	// wakes holds, per job, when its pending gate wake fires (wakeAt).
 	wakes map[string]time.Time
 	// gateSpent is the time this turn spent asking concurrency keys and
@@ -169,7 +170,7 @@ func (w *worker) expandWakes(batch []input) []input {
 
 func newWorker(s *Scheduler) *worker {
 	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]waiter{}, orders: newWaitOrders(), log: s.log,
-		ctx: context.Background(), gated: map[string]time.Time{}, wakes: map[string]time.Time{}}
+		ctx: context.Background(), gated: map[string]map[string]time.Time{}, wakes: map[string]time.Time{}}
 }
 
 // run handles turns until ctx ends, then hands back what it holds.
@@ -596,6 +597,7 @@ func (w *worker) finish(jt *jobTurn) {
 		delete(w.cache, jt.id)
 		w.dropWaiter(jt.id)
 		delete(w.wakes, jt.id)
+		delete(w.gated, jt.id)
 	}
 	var msgs []jetstream.Msg
 	for k, in := range jt.inputs {

@@ -137,7 +137,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		return false, now.Add(10 * time.Millisecond), st.Waiting
 	}
 	holder := holderID(st.JobID, st.ID)
-	if until, ok := w.gated[holder]; ok && now.Before(until) {
+	if until, ok := w.gated[st.JobID][st.ID]; ok && now.Before(until) {
 		// Queued behind others (a concurrency key's queue, or its place
 		// in a rate limit's line): a Release wakes it (gateFreed), or its
 		// wake comes then.
@@ -150,7 +150,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		// It asks again next turn.
 		return false, now.Add(gateBudget), st.Waiting
 	}
-	delete(w.gated, holder)
+	w.ungate(st.JobID, st.ID)
 	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
 	defer func(start time.Time) { w.gateSpent += time.Since(start) }(time.Now())
@@ -165,7 +165,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		}
 		if !g.Granted {
 			undo()
-			w.gated[holder] = at
+			w.gate(st.JobID, st.ID, at)
 			return false, at, fmt.Sprintf("waiting for concurrency key %s (limit %d)", k.Key, k.Limit)
 		}
 		held = append(held, gateGrant{key: k.Key, Grant: g})
@@ -184,7 +184,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 			// the line and thinned the retries near its end, so grants
 			// went unused while steps still waited.
 			at = w.s.rateRetry(ss.RateLimit, at)
-			w.gated[holder] = at
+			w.gate(st.JobID, st.ID, at)
 			return false, at, "waiting for rate limit " + ss.RateLimit
 		}
 	}
@@ -382,12 +382,27 @@ func (w *worker) releaseGates(jt *jobTurn, i int) {
 // record's admits one dispatch, and results are judged against the stored
 // job.
 func (w *worker) gateFreed(job string) bool {
-	for h := range w.gated {
-		if strings.HasPrefix(h, job+".") {
-			delete(w.gated, h)
+	delete(w.gated, job)
+	return true
+}
+
+// gate notes that step of job waits in a gate's queue until until.
+func (w *worker) gate(job, step string, until time.Time) {
+	g := w.gated[job]
+	if g == nil {
+		g = map[string]time.Time{}
+		w.gated[job] = g
+	}
+	g[step] = until
+}
+
+// ungate forgets that step of job waits in a gate's queue.
+func (w *worker) ungate(job, step string) {
+	if g := w.gated[job]; g != nil {
+		if delete(g, step); len(g) == 0 {
+			delete(w.gated, job)
 		}
 	}
-	return true
 }
 
 // gateMinWait is the least wait before a gated job's waiter's retryAt:
