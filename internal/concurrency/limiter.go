@@ -74,6 +74,9 @@ type Limiter struct {
 	// nothing (one per key ever used would grow without bound).
 	mu   sync.Mutex
 	keys map[string]*keyState
+	// full holds the keys found with a full queue (stillFull); guarded
+	// by mu.
+	full map[string]fullKey
 }
 
 // keyState is this process's hold on one key: the mutex that serialises
@@ -339,11 +342,15 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 	if limit < 1 {
 		return Grant{}, time.Time{}, fmt.Errorf("concurrency key %s: limit %d", key, limit)
 	}
+	if l.stillFull(key, holder) {
+		return Grant{}, l.overflowRetry(), nil
+	}
+	var full map[string]bool // the waiters of a key found full
 	err = l.update(ctx, key, func(r *record) bool {
 		now := l.cfg.Now()
 		r.prune(now)
 		r.Limit = limit
-		retryAt, g = time.Time{}, Grant{}
+		retryAt, g, full = time.Time{}, Grant{}, nil
 		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 {
 			r.Holders[i].Until = now.Add(lease)
 			g = Grant{Granted: true, Renewed: true, Until: r.Holders[i].Until}
@@ -385,14 +392,79 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 			}
 			r.Waiters[pos].Until = now.Add(l.cfg.WaitLease)
 		} else if len(r.Waiters) >= l.cfg.MaxWaiters {
-			retryAt = now.Add(l.cfg.RetryAfter) // the queue is full: not queued, ask again
+			// The queue is full: not queued, ask again.
+			retryAt = l.overflowRetry()
+			full = make(map[string]bool, len(r.Waiters))
+			for _, e := range r.Waiters {
+				full[e.ID] = true
+			}
 			return false
 		} else {
 			r.Waiters = append(r.Waiters, entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease)})
 		}
 		return true
 	})
+	if err == nil && full != nil {
+		l.noteFull(key, full)
+	}
 	return g, retryAt, err
+}
+
+// fullFor is how long a key found with a full queue is answered from
+// memory for steps not in its queue.
+const fullFor = time.Second
+
+// fullKey is a key this process found with a full queue: until when, and
+// who was queued then.
+type fullKey struct {
+	until   time.Time
+	waiters map[string]bool
+}
+
+// noteFull remembers that key's queue is full, with its waiters.
+func (l *Limiter) noteFull(key string, waiters map[string]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.full == nil {
+		l.full = map[string]fullKey{}
+	}
+	l.full[key] = fullKey{until: time.Now().Add(fullFor), waiters: waiters}
+}
+
+// stillFull reports whether key's queue was found full less than fullFor
+// ago and holder was not in it: the answer would be the same, so the key
+// is not read. Every step past the bound asked again every RetryAfter,
+// each a read of a record up to ~600 KB: 10,000 of them were 2,000 reads
+// a second of one key. A queued step (a waiter renewing its place, or
+// woken by a Release) always asks the record.
+func (l *Limiter) stillFull(key, holder string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f, ok := l.full[key]
+	if !ok {
+		return false
+	}
+	if !time.Now().Before(f.until) {
+		delete(l.full, key)
+		return false
+	}
+	return !f.waiters[holder]
+}
+
+// forgetFull drops what this process knew of key's full queue: a
+// Release here made room.
+func (l *Limiter) forgetFull(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.full, key)
+}
+
+// overflowRetry is when a step past a full queue asks again: RetryAfter
+// on average, spread over half to one and a half of it, so that the steps
+// refused together do not come back together.
+func (l *Limiter) overflowRetry() time.Time {
+	d := l.cfg.RetryAfter
+	return l.cfg.Now().Add(d/2 + rand.N(d))
 }
 
 // Release gives up holder's slot of key (a no-op if it holds none, e.g.
@@ -413,6 +485,7 @@ func (l *Limiter) ReleaseGrant(ctx context.Context, key, holder string, until ti
 // release is Release, kept from a holder whose lease ends after until
 // when until is set.
 func (l *Limiter) release(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
+	defer l.forgetFull(key)
 	err = l.update(ctx, key, func(r *record) bool {
 		next = nil
 		now := l.cfg.Now()

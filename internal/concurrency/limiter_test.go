@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/wardenhq/warden/internal/concurrency"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/streams"
@@ -307,4 +309,68 @@ func BenchmarkHandoff(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handoffs/s")
+}
+
+// Steps past a full queue are answered from memory for a moment after the
+// queue was found full: each asked again every RetryAfter with a read of
+// the key's record (up to ~600 KB), so 10,000 of them read one key 2,000
+// times a second. A queued step still reads it, and takes a freed slot at
+// once.
+func TestStepsPastAFullQueueDoNotReadItAgain(t *testing.T) {
+	t.Parallel()
+	srv := natstest.New(t)
+	ctx := context.Background()
+	nc, js := srv.Connect(t)
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := concurrency.New(ctx, js, concurrency.Config{MaxWaiters: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.*.*.KV_"+streams.BucketConcurrency+".>", func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	sub2, err := nc.Subscribe("$JS.API.*.*.*.KV_"+streams.BucketConcurrency, func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub2.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 { // j0 holds; j1-j3 fill the queue
+		if got := acquire(t, l, "k", 1, fmt.Sprintf("j%d.s", i)); got != (i == 0) {
+			t.Fatalf("j%d granted %v", i, got)
+		}
+	}
+	if acquire(t, l, "k", 1, "over-0.s") { // finds the queue full
+		t.Fatal("a step past the full queue was granted")
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := reads.Load()
+	for i := range 200 {
+		granted, retryAt, err := l.Acquire(ctx, "k", 1, fmt.Sprintf("over-%d.s", i), 10*time.Second)
+		if err != nil || granted || retryAt.Before(time.Now().Add(2*time.Second)) {
+			t.Fatalf("over-%d: granted %v, retry at %v (%v); want refused for a few seconds", i, granted, retryAt, err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := reads.Load() - before; n > 4 {
+		t.Fatalf("200 steps past the full queue read the key %d times within a second", n)
+	}
+	// The queue's head is not answered from memory: a freed slot is its.
+	if _, err := l.Release(ctx, "k", "j0.s"); err != nil {
+		t.Fatal(err)
+	}
+	if !acquire(t, l, "k", 1, "j1.s") {
+		t.Fatal("the queue's head was refused the freed slot")
+	}
 }
