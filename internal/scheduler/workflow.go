@@ -75,7 +75,7 @@ func (s *Scheduler) openGates(ctx context.Context) error {
 	if err := streams.EnsureWorkflow(ctx, s.js, s.cfg.streamOptions()); err != nil {
 		return err
 	}
-	conc, err := concurrency.New(ctx, s.js, concurrency.Config{})
+	conc, err := concurrency.New(ctx, s.js, concurrency.Config{Now: s.now}) // slot leases on the clock of step leases
 	if err != nil {
 		return err
 	}
