@@ -39,6 +39,15 @@
 //   - Cancelling Run's context drains: presence says draining, no task is
 //     fetched, in-flight tasks get DrainTimeout, the rest are cancelled with
 //     ErrShutdown and handed back (Nak), then the presence key is deleted.
+//   - A connection closed for good (its reconnects spent, or closed by its
+//     owner) cancels the handlers in flight at once, with
+//     ErrConnectionClosed, and their tasks are abandoned unreported: the
+//     supervisor re-dispatches them. Run returns an error wrapping
+//     nats.ErrConnectionClosed without waiting out the drain.
+//   - A result is cut to fit max_result_bytes and the server's
+//     max_payload: the output to {"truncated": true, "original_bytes": n,
+//     "head": "…"}, n the size of the handler's output, the error too if
+//     need be.
 //
 // Execution is at least once: handlers must be idempotent. Package
 // agenttest runs a handler against a task without NATS.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -62,6 +64,12 @@ var (
 	// ErrShutdown: the agent is stopping and the drain timeout passed; the
 	// task is handed back (Nak) for a later run.
 	ErrShutdown = errors.New("agent shutting down: drain timeout passed")
+	// ErrConnectionClosed: the agent's NATS connection closed for good (its
+	// reconnects spent, or closed by its owner). Nothing the handler returns
+	// can be reported, nor its task handed back, and the supervisor moves
+	// the step to another agent: the runtime abandons the task unreported.
+	// It wraps nats.ErrConnectionClosed.
+	ErrConnectionClosed = fmt.Errorf("agent's connection closed for good: %w", nats.ErrConnectionClosed)
 )
 
 // ErrStreamsMissing is returned by Run when the task stream or presence

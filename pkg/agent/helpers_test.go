@@ -1,10 +1,14 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,4 +258,68 @@ func preconsumed(t *testing.T, id string) (b *bundle, cfg agent.Config, cons jet
 		t.Fatal(err)
 	}
 	return &bundle{srv: srv, nc: nc, js: js, agent: standIn}, cfg, cons
+}
+
+// labeledGoroutines runs start with a pprof label unique to t, which every
+// goroutine start starts inherits, and every goroutine those start: it
+// returns a count of them still alive and their stacks. Goroutines of the
+// connection and server a test set up before are not counted, nor those
+// of other tests running in parallel.
+func labeledGoroutines(t *testing.T, start func()) func() (int, string) {
+	t.Helper()
+	const key = "warden_test"
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels(key, t.Name())))
+	defer pprof.SetGoroutineLabels(context.Background())
+	start()
+	want := fmt.Sprintf("%q:%q", key, t.Name())
+	return func() (int, string) {
+		var buf bytes.Buffer
+		if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+			t.Fatalf("goroutine profile: %v", err)
+		}
+		n, stacks := 0, ""
+		for _, group := range strings.Split(buf.String(), "\n\n") {
+			// "<count> @ <pcs>", "# labels: {...}", then the stack.
+			lines := strings.SplitN(group, "\n", 3)
+			if len(lines) < 2 || !strings.HasPrefix(lines[1], "# labels: ") || !strings.Contains(lines[1], want) {
+				continue
+			}
+			c, err := strconv.Atoi(strings.Fields(lines[0])[0])
+			if err != nil {
+				t.Fatalf("goroutine profile: %q: %v", lines[0], err)
+			}
+			n += c
+			stacks += group + "\n\n"
+		}
+		return n, stacks
+	}
+}
+
+// noGoroutinesLeft waits for alive (labeledGoroutines) to count none.
+func noGoroutinesLeft(t *testing.T, timeout time.Duration, alive func() (int, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		n, stacks := alive()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines of the agent still running %s after Run returned:\n%s", n, timeout, stacks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runEnds waits for Run to return and returns its error.
+func (b *bundle) runEnds(t *testing.T, timeout time.Duration, why string) error {
+	t.Helper()
+	select {
+	case err := <-b.done:
+		b.done <- err // let the cleanup see it too
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("Run still running %s after %s", timeout, why)
+		return nil
+	}
 }

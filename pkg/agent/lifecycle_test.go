@@ -17,6 +17,7 @@ import (
 	"github.com/wardenhq/warden/internal/presence"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
@@ -249,4 +250,150 @@ func TestRunReturnsWhenItsConnectionCloses(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run still running 20s after its connection closed")
 	}
+}
+
+// A connection closed for good cancels the handlers in flight at once, with
+// a cause wrapping nats.ErrConnectionClosed, and Run returns without waiting
+// out the drain, leaving no goroutine behind: the supervisor moves the
+// steps to other agents, where their work would run twice, and nothing the
+// handlers finish here can be reported. Before, the handlers ran on for the
+// drain timeout (30 s) and Run returned some 42 s after the close.
+func TestConnectionClosedCancelsHandlersInFlight(t *testing.T) {
+	t.Parallel()
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: s, nc: nc, js: js}
+	started := make(chan struct{})
+	var once sync.Once
+	cause := make(chan error, 1)
+	cfg := testConfig("a1")
+	// A lease longer than the drain timeout: only the close can end the
+	// handler's context before the drain would (its lease lost, 0.9 lease
+	// after it started, would end it too).
+	cfg.Lease = protocol.Duration(time.Minute)
+	alive := labeledGoroutines(t, func() {
+		b.start(t, cfg, func(a *agent.Agent) {
+			a.Handle("work", func(ctx context.Context, _ *agent.Task) (any, error) {
+				once.Do(func() { close(started) })
+				<-ctx.Done()
+				select {
+				case cause <- context.Cause(ctx):
+				default:
+				}
+				return nil, context.Cause(ctx)
+			})
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work", Deadline: time.Now().Add(2 * time.Minute)})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler not started")
+	}
+
+	b.nc.Close()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("handler's context ended with cause %v, want one wrapping nats.ErrConnectionClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler's context not done 5s after the connection closed")
+	}
+	if err := b.runEnds(t, 10*time.Second, "its connection closed"); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("Run returned %v, want an error wrapping nats.ErrConnectionClosed", err)
+	}
+	noGoroutinesLeft(t, 10*time.Second, alive)
+}
+
+// A result being published when the connection closes for good is given up
+// at once: every retry would fail the same way until the step's deadline
+// (2 minutes here), and Run waited for the task's report past its drain,
+// then left it retrying behind. Here the results stream is gone and a
+// silent subscriber takes the publish, so the report is retrying when the
+// connection closes.
+func TestConnectionClosedEndsResultRetries(t *testing.T) {
+	t.Parallel()
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: s, nc: nc, js: js}
+	alive := labeledGoroutines(t, func() {
+		b.start(t, testConfig("a1"), func(a *agent.Agent) {
+			a.Handle("work", func(context.Context, *agent.Task) (any, error) { return "done", nil })
+		})
+	})
+	if err := b.js.DeleteStream(context.Background(), protocol.StreamResults); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan struct{})
+	var once sync.Once
+	if _, err := b.nc.Subscribe(protocol.SubjectResultPrefix+".>", func(*nats.Msg) { once.Do(func() { close(first) }) }); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work", Deadline: time.Now().Add(2 * time.Minute)})
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no result published")
+	}
+
+	b.nc.Close()
+	natstest.Eventually(t, 10*time.Second, "the task's report still retrying 10s after the connection closed",
+		func() bool { return b.agent.Stats().InFlight == 0 })
+	if err := b.runEnds(t, 10*time.Second, "its connection closed"); !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("Run returned %v, want an error wrapping nats.ErrConnectionClosed", err)
+	}
+	noGoroutinesLeft(t, 10*time.Second, alive)
+}
+
+// A connection that closes for good during a drain ends it: the handlers
+// still running are cancelled at once, as when it closes before, instead
+// of at the end of the drain timeout. A drain with the connection alive
+// lets them finish (TestDrainLetsInFlightFinish).
+func TestConnectionClosedDuringDrainCancelsHandlers(t *testing.T) {
+	t.Parallel()
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: s, nc: nc, js: js}
+	started := make(chan struct{})
+	var once sync.Once
+	cause := make(chan error, 1)
+	cfg := testConfig("a1")
+	cfg.Lease = protocol.Duration(time.Minute) // as in TestConnectionClosedCancelsHandlersInFlight
+	cfg.DrainTimeout = protocol.Duration(time.Minute)
+	alive := labeledGoroutines(t, func() {
+		b.start(t, cfg, func(a *agent.Agent) {
+			a.Handle("work", func(ctx context.Context, _ *agent.Task) (any, error) {
+				once.Do(func() { close(started) })
+				<-ctx.Done()
+				select {
+				case cause <- context.Cause(ctx):
+				default:
+				}
+				return nil, context.Cause(ctx)
+			})
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "work", Deadline: time.Now().Add(2 * time.Minute)})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler not started")
+	}
+	b.cancel()
+	natstest.Eventually(t, 10*time.Second, "agent draining", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.Draining
+	})
+
+	b.nc.Close()
+	select {
+	case err := <-cause:
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Fatalf("handler's context ended with cause %v, want one wrapping nats.ErrConnectionClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("handler's context not done 5s after the connection closed")
+	}
+	if err := b.runEnds(t, 10*time.Second, "its connection closed"); err != nil {
+		t.Fatalf("Run returned %v after a stop its caller asked for, want nil", err)
+	}
+	noGoroutinesLeft(t, 10*time.Second, alive)
 }

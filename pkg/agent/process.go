@@ -115,7 +115,12 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	// A suspect waits here, its lease kept, until it can run alone.
 	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
 	if release == nil {
-		if cause := context.Cause(hctx); errors.Is(cause, ErrCancelled) {
+		cause := context.Cause(hctx)
+		if errors.Is(cause, ErrConnectionClosed) {
+			log.Warn().Msg("connection closed for good while waiting to run: abandoning the task; the supervisor re-dispatches it")
+			return
+		}
+		if errors.Is(cause, ErrCancelled) {
 			// Handed back, the redelivery would carry no cancel and run.
 			log.Info().Msg("cancelled while waiting to run: reporting it cancelled unrun")
 			a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, cancelledBy(cause)), log)
@@ -146,6 +151,12 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		// The task may already run elsewhere: a report could only confuse.
 		a.stats.leaseLost.Add(1)
 		log.Warn().Time("lease_until", keeper.Believed()).Msg("lease lost: abandoning the task without a report")
+		return
+	case errors.Is(cause, ErrConnectionClosed):
+		// Whatever the handler made of it, nothing can be reported or
+		// handed back: the supervisor moves the step to another agent.
+		log.Warn().Bool("handler_failed", o.err != nil).
+			Msg("connection closed for good: abandoning the task unreported; the supervisor re-dispatches it")
 		return
 	case errors.Is(o.err, testhook.ErrDrop):
 		// A test kit's agent "crashing" with the task: hand it back, say nothing.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,6 +19,11 @@ import (
 // resultHeadroom is what a result message's headers and subject may take
 // of the server's max_payload beside the body.
 const resultHeadroom = 4096
+
+// minResultBytes is the least a result's body is cut to (max_result_bytes'
+// own minimum), where the server's max_payload leaves less than that beside
+// resultHeadroom; then only the message's real headers are left out of it.
+const minResultBytes = 1024
 
 // maxPublishWait bounds reporting a step that has no deadline.
 const maxPublishWait = 30 * time.Second
@@ -32,15 +39,13 @@ const publishAttempt = 2 * time.Second
 // at or after the step's deadline. runKey is the dispatch's key, remembered
 // as reported before the ack (recentReports).
 func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string, p plan, res protocol.Result, log zerolog.Logger) {
-	limit := a.cfg.MaxResultBytes
-	if mp := int(a.nc.MaxPayload()); mp > 0 && mp-resultHeadroom < limit {
-		// The server takes less than max_result_bytes in one message: a
-		// result over its max_payload is refused before it is sent, every
-		// time, and was retried until the step's deadline, then run again.
-		limit = max(mp-resultHeadroom, 1024)
-	}
-	if boundResult(&res, limit) {
-		log.Warn().Int("max_result_bytes", limit).Msg("result too large: output truncated")
+	// Cut from the handler's own result every time, so that the output's
+	// original_bytes is its size, not that of an earlier cut.
+	orig := res
+	m, res, fittedTo, err := a.resultMsg(orig, log)
+	if err != nil {
+		log.Error().Err(err).Str("status", orig.Status).Msg("result not reported: leaving the task to redelivery")
+		return
 	}
 	// A finished result is worth reporting even while shutting down.
 	ctx := context.WithoutCancel(workCtx)
@@ -52,13 +57,7 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 	}
 	defer cancel()
 
-	m, err := ResultMsg(res)
-	if err != nil {
-		log.Error().Err(err).Msg("encode result")
-		return
-	}
 	backoff := 50 * time.Millisecond
-	floored := false
 	for {
 		if p.late(a.now()) {
 			a.stats.expired.Add(1)
@@ -77,17 +76,21 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 		if err == nil {
 			break
 		}
-		if errors.Is(err, nats.ErrMaxPayload) && !floored {
-			floored = true
-			// Still too large (the server's limit changed under us): cut
-			// it to the least a result may be, once, rather than retry
-			// what is refused every time.
-			boundResult(&res, 1024)
-			if m, err = ResultMsg(res); err != nil {
-				log.Error().Err(err).Msg("encode result")
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			// Closed for good: every retry until the deadline would fail
+			// the same way, and kept Run's drain waiting for this task.
+			// The supervisor moves the step to another agent.
+			log.Warn().Err(err).Str("status", res.Status).Msg("connection closed for good: result not reported")
+			return
+		}
+		if mp := int(a.nc.MaxPayload()); errors.Is(err, nats.ErrMaxPayload) && mp != fittedTo {
+			// The server's limit changed under us (a reconnect to a
+			// server that takes less): cut the result again to the new
+			// limit rather than retry what is refused every time.
+			if m, res, fittedTo, err = a.resultMsg(orig, log); err != nil {
+				log.Error().Err(err).Str("status", orig.Status).Msg("result not reported: leaving the task to redelivery")
 				return
 			}
-			log.Warn().Msg("result over the server's max_payload: output truncated")
 			continue
 		}
 		log.Warn().Err(err).Msg("publish result failed; retrying")
@@ -130,6 +133,64 @@ func (a *Agent) ackReported(msg jetstream.Msg, log zerolog.Logger) {
 	}
 }
 
+// resultMsg is the message reporting r, r cut to fit it if need be (see
+// resultLimit), the result it carries, and the server's max_payload it was
+// fitted to (0: unknown). An error means that not even r cut to nothing but
+// its fields fits the server's max_payload: nothing can report the step.
+func (a *Agent) resultMsg(r protocol.Result, log zerolog.Logger) (*nats.Msg, protocol.Result, int, error) {
+	m := resultEnvelope(r)
+	outBytes := len(r.Output)
+	mp := int(a.nc.MaxPayload())
+	limit := a.resultLimit(mp, payloadBytes(m))
+	cut := boundResult(&r, limit)
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, r, mp, fmt.Errorf("encode result: %w", err)
+	}
+	if !cut && len(b) > limit {
+		// Over the limit uncut (boundResult's estimate misses an
+		// escaping-heavy error): cut it, measuring this time. Not a cut
+		// result again: its original_bytes would be the first cut's.
+		cut = cutResult(&r, limit)
+		if b, err = json.Marshal(r); err != nil {
+			return nil, r, mp, fmt.Errorf("encode result: %w", err)
+		}
+	}
+	m.Data = b
+	if cut {
+		log.Warn().Int("max_result_bytes", limit).Int("original_output_bytes", outBytes).
+			Msg("result too large: output truncated")
+	}
+	if n := payloadBytes(m); mp > 0 && n > mp {
+		return nil, r, mp, fmt.Errorf("result of %d bytes (headers included), cut to the least it can be, does not fit the server's max_payload of %d bytes",
+			n, mp)
+	}
+	return m, r, mp, nil
+}
+
+// resultLimit is the most a result's body may take: max_result_bytes, or
+// less where the server's max_payload (mp; 0: unknown) is smaller, less
+// resultHeadroom for the headers, but no less than minResultBytes while
+// the message's real headers (hdr bytes) leave room for that.
+func (a *Agent) resultLimit(mp, hdr int) int {
+	limit := a.cfg.MaxResultBytes
+	if mp <= 0 {
+		return limit
+	}
+	// A result over the server's max_payload is refused before it is sent,
+	// every time: it was retried until the step's deadline, then run
+	// again. Where the 4 KiB headroom leaves less than minResultBytes
+	// (below ~5 KiB of max_payload), a fixed floor was no bound: it kept
+	// an 8 KiB error, and headers beside a 1 KiB body could overflow it.
+	return min(limit, max(mp-resultHeadroom, min(mp-hdr, minResultBytes)))
+}
+
+// payloadBytes is what the server counts of m against its max_payload: the
+// body and the encoded headers.
+func payloadBytes(m *nats.Msg) int {
+	return m.Size() - len(m.Subject) - len(m.Reply)
+}
+
 // ResultMsg is the message an agent publishes to report r: subject
 // protocol.ResultSubject(r.Pool, r.Agent, r.JobID, r.StepID), the job, step,
 // epoch and agent headers, and the Nats-Msg-Id that deduplicates it
@@ -139,38 +200,87 @@ func ResultMsg(r protocol.Result) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := nats.NewMsg(protocol.ResultSubject(r.Pool, r.Agent, r.JobID, r.StepID))
+	m := resultEnvelope(r)
 	m.Data = b
+	return m, nil
+}
+
+// resultEnvelope is ResultMsg without its body: the subject and headers.
+func resultEnvelope(r protocol.Result) *nats.Msg {
+	m := nats.NewMsg(protocol.ResultSubject(r.Pool, r.Agent, r.JobID, r.StepID))
 	m.Header.Set(protocol.HeaderJob, r.JobID)
 	m.Header.Set(protocol.HeaderStep, r.StepID)
 	m.Header.Set(protocol.HeaderEpoch, strconv.FormatUint(r.Epoch, 10))
 	m.Header.Set(protocol.HeaderAgent, r.Agent)
 	m.Header.Set(protocol.HeaderMsgID, protocol.ResultMsgID(r.JobID, r.StepID, r.Epoch, r.Token))
-	return m, nil
+	return m
 }
 
 // maxErrorBytes bounds a result's error message.
 const maxErrorBytes = 8 << 10
 
-// boundResult cuts a result whose encoding would exceed max bytes: the
-// error to maxErrorBytes, the output to a JSON object holding its start.
-// It reports whether anything was cut.
+// truncatedSuffix ends an error message that was cut.
+const truncatedSuffix = "… (truncated)"
+
+// boundResult cuts a result whose encoding would exceed limit bytes: the
+// error to maxErrorBytes, the output to a JSON object holding its start
+// and its original size. It reports whether anything was cut. A result
+// well within the limit is not encoded to be measured (the common case):
+// the caller measures the encoding it makes anyway (resultMsg).
 func boundResult(r *protocol.Result, limit int) bool {
-	cut := false
-	if len(r.Error) > maxErrorBytes {
-		r.Error = r.Error[:maxErrorBytes] + "… (truncated)"
-		cut = true
-	}
 	// Room for everything but the output, with a margin for escaping.
 	room := max(limit-2048-2*len(r.Error), 0)
-	if len(r.Output) > room {
-		head := string(r.Output[:room/2])
-		b, _ := json.Marshal(map[string]any{"truncated": true, "original_bytes": len(r.Output), "head": head})
-		r.Output = b
-		cut = true
+	if len(r.Error) <= maxErrorBytes && len(r.Output) <= room {
+		return false
 	}
-	if cut {
-		r.Truncated = true
+	return cutResult(r, limit)
+}
+
+// cutResult cuts r until its encoding takes at most limit bytes, measuring
+// it: the error to maxErrorBytes at most, the output, if it does not fit,
+// to {"truncated": true, "original_bytes": n, "head": "…"}, then halves the
+// larger of the two until it fits. If even both cut to nothing do not fit,
+// r is left so (the caller sees it does not fit). It reports whether
+// anything was cut; r.Truncated says so too.
+func cutResult(r *protocol.Result, limit int) bool {
+	out, text := r.Output, r.Error
+	errN := min(len(text), maxErrorBytes)
+	headN := len(out)
+	if room := max(limit-2048-2*errN, 0); len(out) > room {
+		headN = room / 2 // the escaping of a JSON string at most doubles it
 	}
-	return cut
+	for {
+		c := *r
+		if errN < len(text) {
+			c.Error = cutUTF8(text, errN) + truncatedSuffix
+		}
+		if headN < len(out) {
+			head := cutUTF8(string(out[:headN+1]), headN) // not a copy of all of out
+			c.Output, _ = json.Marshal(map[string]any{"truncated": true, "original_bytes": len(out), "head": head})
+		}
+		cut := errN < len(text) || headN < len(out)
+		c.Truncated = r.Truncated || cut
+		b, err := json.Marshal(c)
+		if (err == nil && len(b) <= limit) || (headN == 0 && errN == 0) {
+			*r = c
+			return cut
+		}
+		if headN >= errN {
+			headN /= 2
+		} else {
+			errN /= 2
+		}
+	}
+}
+
+// cutUTF8 is s cut to at most n bytes, at the start of a rune: a rune cut
+// in two is encoded as three bytes of U+FFFD, and grows the cut.
+func cutUTF8(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

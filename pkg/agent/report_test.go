@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -72,5 +74,85 @@ func TestResultFitsTheServersMaxPayload(t *testing.T) {
 	r, _ := b.result(t, "j1", "s1")
 	if r.Status != protocol.ResultSucceeded || !r.Truncated || len(r.Output) > 256<<10 {
 		t.Fatalf("result %s, truncated %v, %d bytes of output; want succeeded, truncated to fit 256 KiB", r.Status, r.Truncated, len(r.Output))
+	}
+}
+
+// limitedBundle is an agent on a server that takes messages of at most
+// maxPayload bytes.
+func limitedBundle(t *testing.T, maxPayload int32, cfg agent.Config, register func(*agent.Agent)) *bundle {
+	t.Helper()
+	srv := natstest.NewLimited(t, maxPayload)
+	nc, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: srv, nc: nc, js: js}
+	b.start(t, cfg, register)
+	return b
+}
+
+// truncatedOutput is the output of a result whose output was cut.
+type truncatedOutput struct {
+	Truncated     bool   `json:"truncated"`
+	OriginalBytes int    `json:"original_bytes"`
+	Head          string `json:"head"`
+}
+
+// A result cut to fit the server's max_payload names the size of the
+// handler's output in original_bytes. Its error and output here are heavy
+// to escape (an HTML error page, quotes), so that the first cut, which
+// only estimated the escaping, was still refused for its size and cut
+// again to a floor: original_bytes then named the size of the first cut.
+func TestTruncatedResultNamesTheOutputsOriginalSize(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 256 << 10
+	output := strings.Repeat(`"`, 600<<10)
+	encoded, err := json.Marshal(output)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := limitedBundle(t, maxPayload, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("big", func(context.Context, *agent.Task) (any, error) {
+			return output, agent.Permanent(errors.New("upstream answered " + strings.Repeat("<br>", 5<<10)))
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "big", Deadline: time.Now().Add(time.Minute)})
+	r, msg := b.result(t, "j1", "s1")
+	var out truncatedOutput
+	if err := json.Unmarshal(r.Output, &out); err != nil {
+		t.Fatalf("output %.200s: %v", r.Output, err)
+	}
+	if r.Status != protocol.ResultFailed || !r.Truncated || !out.Truncated || !strings.HasPrefix(r.Error, "upstream answered <br>") {
+		t.Fatalf("result %s, truncated %v, error %.40q, output %.200s; want failed, truncated, the error's start kept", r.Status, r.Truncated, r.Error, r.Output)
+	}
+	if out.OriginalBytes != len(encoded) {
+		t.Fatalf("original_bytes %d, want the handler's output size %d", out.OriginalBytes, len(encoded))
+	}
+	if !strings.HasPrefix(out.Head, `"\"\"`) || len(msg.Data()) > maxPayload {
+		t.Fatalf("head %.20q…, %d bytes of result; want the output's start, within %d bytes", out.Head, len(msg.Data()), maxPayload)
+	}
+}
+
+// On a server with a tiny max_payload (4 KiB here: the 4 KiB headroom for
+// headers leaves nothing) a result is cut to what the server takes, its
+// error too. Before, the floor it was cut to kept an 8 KiB error, refused
+// every time: the publish was retried until the step's deadline.
+func TestResultFitsATinyMaxPayload(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 4 << 10
+	b := limitedBundle(t, maxPayload, testConfig("a1"), func(a *agent.Agent) {
+		a.Handle("loud", func(context.Context, *agent.Task) (any, error) {
+			return strings.Repeat("o", 100<<10), errors.New("command failed: " + strings.Repeat("e", 20<<10))
+		})
+	})
+	b.publish(t, protocol.Task{JobID: "j1", StepID: "s1", Action: "loud", Deadline: time.Now().Add(time.Minute)})
+	r, msg := b.result(t, "j1", "s1")
+	if r.Status != protocol.ResultFailed || !r.Truncated || !strings.HasPrefix(r.Error, "command failed: eee") || !strings.HasSuffix(r.Error, "(truncated)") {
+		t.Fatalf("result %s, truncated %v, error %.40q…; want failed, truncated, the error's start kept", r.Status, r.Truncated, r.Error)
+	}
+	var out truncatedOutput
+	if err := json.Unmarshal(r.Output, &out); err != nil || !out.Truncated || out.OriginalBytes != 100<<10+2 {
+		t.Fatalf("output %.200s (%v); want it truncated, original_bytes %d", r.Output, err, 100<<10+2)
+	}
+	if n := len(msg.Data()); n > maxPayload {
+		t.Fatalf("result of %d bytes stored by a server that takes %d", n, maxPayload)
 	}
 }

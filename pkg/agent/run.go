@@ -24,8 +24,10 @@ const setupTimeout = 10 * time.Second
 // task is fetched, in-flight tasks get DrainTimeout to finish, the rest are
 // cancelled and handed back, and the presence key is deleted. Run returns
 // nil after a drain caused by ctx, a *presence.DuplicateError (wrapped) if
-// another live agent holds this id, or the start-up error. Run may be called
-// once.
+// another live agent holds this id, or the start-up error. If the
+// connection closes for good, the handlers in flight are cancelled at once
+// (ErrConnectionClosed), no drain is waited out, and Run returns an error
+// wrapping nats.ErrConnectionClosed. Run may be called once.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.resolveActions(); err != nil {
 		return err
@@ -102,6 +104,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		closed <- nats.CLOSED // closed before the listener was in place
 	}
 	var runErr error
+	connClosed := false
 	select {
 	case <-ctx.Done():
 		a.log.Info().Msg("stop requested: draining")
@@ -109,13 +112,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, ann.Err())
 		a.log.Error().Err(runErr).Msg("presence lost: draining")
 	case <-closed:
+		connClosed = true
 		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, nats.ErrConnectionClosed)
 		a.log.Error().Err(runErr).Msg("connection closed for good: stopping")
 	}
 	stopFetch()
 	<-dispatched
 	<-repulled
-	a.drain(ann, &tasks, stopWork)
+	a.drain(ann, &tasks, stopWork, closed, connClosed)
 	a.stopCluster()
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
@@ -227,28 +231,48 @@ func (a *Agent) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) 
 
 // drain marks the agent draining, waits DrainTimeout for in-flight tasks,
 // then cancels the rest (they hand their tasks back) and waits a little more.
-func (a *Agent) drain(ann *presence.Announcer, tasks *sync.WaitGroup, stopWork context.CancelCauseFunc) {
+//
+// A connection closed for good (connClosed: before the drain; closed:
+// during it) cancels the handlers at once, with ErrConnectionClosed: what
+// they finish can be neither reported nor handed back, and the supervisor
+// moves their steps to other agents, where they would run twice. Waiting
+// out the drain then only kept Run from returning (42 s by default).
+func (a *Agent) drain(ann *presence.Announcer, tasks *sync.WaitGroup, stopWork context.CancelCauseFunc,
+	closed <-chan nats.Status, connClosed bool) {
 	a.draining.Store(true)
+	done := make(chan struct{})
+	// This goroutine outlives Run only if a handler ignores cancellation
+	// forever; the process is exiting then anyway.
+	go func() { tasks.Wait(); close(done) }()
+	if connClosed {
+		a.log.Warn().Int("in_flight", a.Stats().InFlight).Msg("cancelling handlers: their tasks can be neither reported nor handed back")
+		a.cancelWork(done, stopWork, ErrConnectionClosed)
+		return
+	}
 	bctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	if err := ann.Beat(bctx); err != nil {
 		a.log.Warn().Err(err).Msg("could not announce draining")
 	}
 	cancel()
 
-	done := make(chan struct{})
-	// This goroutine outlives Run only if a handler ignores cancellation
-	// forever; the process is exiting then anyway.
-	go func() { tasks.Wait(); close(done) }()
 	a.log.Info().Int("in_flight", a.Stats().InFlight).Dur("drain_timeout", a.cfg.DrainTimeout.Std()).Msg("draining")
 	t := time.NewTimer(a.cfg.DrainTimeout.Std())
 	defer t.Stop()
 	select {
 	case <-done:
-		return
 	case <-t.C:
+		a.log.Warn().Int("in_flight", a.Stats().InFlight).Msg("drain timeout: cancelling handlers and handing their tasks back")
+		a.cancelWork(done, stopWork, ErrShutdown)
+	case <-closed:
+		a.log.Error().Int("in_flight", a.Stats().InFlight).Msg("connection closed for good while draining: cancelling handlers")
+		a.cancelWork(done, stopWork, ErrConnectionClosed)
 	}
-	a.log.Warn().Int("in_flight", a.Stats().InFlight).Msg("drain timeout: cancelling handlers and handing their tasks back")
-	stopWork(ErrShutdown)
+}
+
+// cancelWork cancels the handlers still running with cause and waits a
+// little for them (done) to return and settle their tasks.
+func (a *Agent) cancelWork(done <-chan struct{}, stopWork context.CancelCauseFunc, cause error) {
+	stopWork(cause)
 	giveUp := time.NewTimer(maxReportMargin + setupTimeout)
 	defer giveUp.Stop()
 	select {
