@@ -148,6 +148,7 @@ func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobStat
 			}
 		}
 		w.unknownJob(jt)
+		jt.gone = true
 		return nil, false, nil
 	}
 	if err != nil {

@@ -131,3 +131,33 @@ func TestCancelElsewhereReleasesTheOwnersHeldMessages(t *testing.T) {
 		return pending(t, b.js, protocol.StreamSubmit) == 0
 	})
 }
+
+// A waiting job whose records vanish (an operator purged them) stops
+// waiting once the wait_retry reload finds it gone: its waiter stood, and
+// its submission stayed held, extended for good, against the partition's
+// hold budget.
+func TestWaitingJobWhoseRecordsVanishLetsGo(t *testing.T) {
+	t.Parallel()
+	b := onePartition(t)
+	b.startScheduler(t, scheduler.Config{Partitions: 1, WaitRetry: protocol.Duration(time.Second)})
+	b.submitNoReply(t, []byte(`{"name":"gpu","steps":[{"id":"s","action":"echo","pool":"gpu"},{"id":"t","action":"echo","pool":"gpu"}]}`), "job-purged")
+	natstest.Eventually(t, 10*time.Second, "job-purged waiting for the gpu pool", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-purged", "s")
+		return err == nil && st.State == jobstore.StepPending && st.Waiting != ""
+	})
+	if pending(t, b.js, protocol.StreamSubmit) != 1 {
+		t.Fatal("the waiting job's submission is not held")
+	}
+	kv, err := b.js.KeyValue(context.Background(), protocol.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{protocol.JobKey("job-purged"), protocol.StepKey("job-purged", "s"), protocol.StepKey("job-purged", "t")} {
+		if err := kv.Purge(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 15*time.Second, "the purged job's submission let go", func() bool {
+		return pending(t, b.js, protocol.StreamSubmit) == 0
+	})
+}

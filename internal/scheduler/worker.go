@@ -342,6 +342,9 @@ type jobTurn struct {
 	// fresh says the job's state was read from the store (or created) in
 	// this turn; reload asks for that before an input can be judged.
 	fresh, reload bool
+	// gone says the job's records were not found: a waiter of it (its
+	// records purged while it waited) lets its held messages go.
+	gone bool
 	// agentWait says a step waits for an agent or a free slot (not for a
 	// gate or a backoff).
 	agentWait bool
@@ -419,6 +422,8 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 		w.prepare(ctx, jt, now)
 		if jt.js != nil {
 			jt.js.used = w.turns
+		}
+		if jt.js != nil || jt.gone {
 			// A waiting job's held messages are settled by whatever turn
 			// looks at it next, as if they had been redelivered with its
 			// input. A turn that does not (every input rejected or delayed
@@ -593,7 +598,7 @@ func (w *worker) finish(jt *jobTurn) {
 		return
 	}
 	w.freeGates(jt)
-	if jt.finished || (jt.js != nil && jt.js.job.State.Terminal()) {
+	if jt.finished || jt.gone || (jt.js != nil && jt.js.job.State.Terminal()) {
 		delete(w.cache, jt.id)
 		w.dropWaiter(jt.id)
 		delete(w.wakes, jt.id)
@@ -658,7 +663,7 @@ func (w *worker) finish(jt *jobTurn) {
 		wt.held = append(wt.held, w.s.holds.hold(jt.id, msgs)...)
 		w.setWaiter(jt.id, wt)
 	default:
-		if jt.js != nil { // else the turn did not look at the job: its waiter stands
+		if jt.js != nil || jt.gone { // else the turn did not look at the job: its waiter stands
 			w.dropWaiter(jt.id)
 		}
 		for _, m := range msgs {
