@@ -20,11 +20,27 @@ const DelayRelayConsumer = "delay-relay"
 // RunDelayRelay submits released delayed submissions (warden.delayed.<job>
 // in WARDEN_DELAY) on warden.submit.<job>, marked HeaderReleased so that
 // they are not delayed again, until ctx ends. Every scheduler runs one;
-// they share a durable consumer. A release is acked only once its
+// they share a durable consumer, which is created again if the server
+// loses it meanwhile (keptConsumer). A release is acked only once its
 // submission is stored; its Nats-Msg-Id (released.<job>.<sequence>) makes
 // a redelivered one a duplicate.
 func RunDelayRelay(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) error {
-	cons, err := js.CreateOrUpdateConsumer(ctx, protocol.StreamDelay, jetstream.ConsumerConfig{
+	k := newKeptConsumer(js, protocol.StreamDelay, delayRelayConsumerConfig(), func(m jetstream.Msg) {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleTimeout)
+		defer cancel()
+		settle(m, submitReleased(hctx, js, m), log, "released delayed submission")
+	}, log)
+	if err := k.start(ctx); err != nil {
+		return err
+	}
+	k.run(ctx)
+	return nil
+}
+
+// delayRelayConsumerConfig is the durable consumer of released delayed
+// submissions.
+func delayRelayConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
 		Durable:       DelayRelayConsumer,
 		Description:   "Shared by every scheduler: released delayed submissions, submitted again on warden.submit.",
 		FilterSubject: protocol.DelayedSubject("*"),
@@ -32,22 +48,7 @@ func RunDelayRelay(ctx context.Context, js jetstream.JetStream, log zerolog.Logg
 		AckWait:       30 * time.Second,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: 1024,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer %s: %w", DelayRelayConsumer, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleTimeout)
-		defer cancel()
-		settle(m, submitReleased(hctx, js, m), log, "released delayed submission")
-	})
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", protocol.StreamDelay, err)
-	}
-	<-ctx.Done()
-	cc.Stop()
-	<-cc.Closed()
-	return nil
 }
 
 // submitReleased submits one released delayed submission.

@@ -20,7 +20,17 @@
 // Nats-Msg-Id are the same on every retry, so a redelivered tick or two
 // relays racing make one job) and then arms the timer for the next tick
 // after max(T, now). Only then is the tick acked; a relay that dies midway
-// leaves the tick to be redelivered.
+// leaves the tick to be redelivered. "Now", and so how late a tick is, is
+// the NATS server's time (it fires the timers by its own clock), not the
+// relay's host's. A timer is armed only while the definition it belongs
+// to is still the schedule's last (the publish expects the definition's
+// sequence), so a relay still handling a tick of a replaced or removed
+// definition can neither replace the new definition's timer nor leave one
+// behind a removed schedule; a tick of another revision is dropped, and
+// arms the current definition if that has no timer.
+//
+// Both relays keep their durable consumers: one the server deleted or
+// forgot is created again and consumed anew (keptConsumer).
 //
 // Guarantees:
 //   - at most one job per tick, whatever the number of schedulers, their

@@ -37,8 +37,6 @@ type Relay struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
-	mu     sync.Mutex
-	cc     jetstream.ConsumeContext
 	// handling counts ticks being relayed, so Stop can wait for them.
 	handling sync.WaitGroup
 	// streams are the deployment's stream options (replicas).
@@ -69,7 +67,8 @@ func NewRelay(js jetstream.JetStream, opts ...RelayOption) *Relay {
 }
 
 // Start ensures the schedules stream, arms the timers of schedules that
-// have none, and consumes ticks until Stop or ctx ends.
+// have none, and consumes ticks until Stop or ctx ends. A consumer the
+// server loses meanwhile is created again (keptConsumer).
 func (r *Relay) Start(ctx context.Context) error {
 	if err := streams.EnsureWorkflow(ctx, r.js, r.streams); err != nil {
 		return err
@@ -83,26 +82,12 @@ func (r *Relay) Start(ctx context.Context) error {
 	if err := r.Reconcile(ctx); err != nil {
 		return err
 	}
-	cons, err := r.js.CreateOrUpdateConsumer(ctx, streams.StreamSchedules, jetstream.ConsumerConfig{
-		Durable:       RelayConsumer,
-		Description:   "Shared by every scheduler: fired schedule ticks, relayed to warden.submit.",
-		FilterSubject: protocol.ScheduleTickSubject("*"),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		MaxAckPending: 256,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer %s: %w", RelayConsumer, err)
-	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel = cancel
-	r.done = make(chan struct{})
 	// A tick in progress is finished even when the relay stops: stopping
 	// between the submission and the re-arming would leave the schedule
 	// with no timer until some relay starts again and the tick is
 	// redelivered, so nothing would fire while the others are down.
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	k := newKeptConsumer(r.js, streams.StreamSchedules, relayConsumerConfig(), func(m jetstream.Msg) {
 		r.handling.Add(1)
 		defer r.handling.Done()
 		if rctx.Err() != nil {
@@ -112,25 +97,34 @@ func (r *Relay) Start(ctx context.Context) error {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), handleTimeout)
 		defer cancel()
 		r.handle(hctx, m)
-	})
-	if err != nil {
+	}, r.log)
+	if err := k.start(ctx); err != nil {
 		cancel()
-		return fmt.Errorf("consume ticks: %w", err)
+		return err
 	}
-	r.mu.Lock()
-	r.cc = cc
-	r.mu.Unlock()
+	r.cancel = cancel
+	r.done = make(chan struct{})
 	go func() {
 		defer close(r.done)
-		select {
-		case <-ctx.Done():
-		case <-rctx.Done():
-		}
-		cc.Stop()
-		<-cc.Closed()
+		stop := context.AfterFunc(ctx, cancel)
+		defer stop()
+		k.run(rctx)
 		r.handling.Wait()
 	}()
 	return nil
+}
+
+// relayConsumerConfig is the durable consumer of fired ticks.
+func relayConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       RelayConsumer,
+		Description:   "Shared by every scheduler: fired schedule ticks, relayed to warden.submit.",
+		FilterSubject: protocol.ScheduleTickSubject("*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		MaxAckPending: 256,
+	}
 }
 
 // Stop stops consuming and waits until the handler in progress is done.
@@ -153,18 +147,52 @@ func (r *Relay) Reconcile(ctx context.Context) error {
 		if !e.Next.IsZero() {
 			continue
 		}
-		x, err := e.Validate()
-		if err != nil {
-			r.log.Warn().Err(err).Str("schedule", e.Name).Msg("invalid schedule definition left alone")
-			continue
-		}
-		next := x.Next(r.now())
-		if err := arm(ctx, r.js, e.Name, e.Rev, next); err != nil {
+		if err := r.armNow(ctx, e); err != nil {
 			return err
 		}
-		r.log.Info().Str("schedule", e.Name).Time("next", next).Msg("armed a schedule that had no timer")
 	}
 	return nil
+}
+
+// armNow arms the timer of e for its first tick after now (by the
+// server's clock), unless e has been replaced or removed meanwhile.
+func (r *Relay) armNow(ctx context.Context, e Entry) error {
+	x, err := e.Validate()
+	if err != nil {
+		r.log.Warn().Err(err).Str("schedule", e.Name).Msg("invalid schedule definition left alone")
+		return nil
+	}
+	now, err := r.store.serverTime(ctx)
+	if err != nil {
+		return err
+	}
+	next := x.Next(now)
+	switch err := arm(ctx, r.js, e.Name, e.Rev, next); {
+	case errors.Is(err, errChanged):
+		return nil // whoever changed it arms its own timer
+	case err != nil:
+		return err
+	}
+	r.log.Info().Str("schedule", e.Name).Time("next", next).Msg("armed a schedule that had no timer")
+	return nil
+}
+
+// armCurrent arms the current definition of name if it has no timer. It
+// follows an arm refused because the definition was replaced (or removed)
+// while a tick of the old one was relayed: the writer of the new one arms
+// its first timer itself, but may have died before it did.
+func (r *Relay) armCurrent(ctx context.Context, name string) error {
+	e, err := r.store.Get(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil // removed: nothing to arm
+	}
+	if err != nil {
+		return err
+	}
+	if !e.Next.IsZero() {
+		return nil
+	}
+	return r.armNow(ctx, e)
 }
 
 // handle relays one tick. Errors leave the tick unacked (nak with a delay)
@@ -200,14 +228,24 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		return err
 	}
 	if e.Rev != rev {
-		return nil // replaced: the new definition armed its own timer
+		// Replaced: the tick dies, and the new definition has armed its
+		// own timer, unless its writer died first.
+		if !e.Next.IsZero() {
+			return nil
+		}
+		return r.armNow(ctx, e)
 	}
 	x, err := e.Validate()
 	if err != nil {
 		r.log.Warn().Err(err).Str("schedule", name).Msg("invalid schedule definition: tick dropped")
 		return nil
 	}
-	now := r.now()
+	// Lateness and the next tick by the server's clock, the one it fires
+	// ticks by: this host's clock may be off by more than the grace.
+	now, err := r.store.serverTime(ctx)
+	if err != nil {
+		return err
+	}
 	late := now.Sub(tick)
 	overdue := late > e.grace(x, tick)
 	job := JobID(name, tick)
@@ -222,7 +260,13 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		r.log.Debug().Str("schedule", name).Str(logging.FieldJob, job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
 		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late)
 	}
-	return arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
+	err = arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
+	if errors.Is(err, errChanged) {
+		// Replaced or removed while this tick was relayed: its timer is
+		// the new definition's business, never this revision's.
+		return r.armCurrent(ctx, name)
+	}
+	return err
 }
 
 // submit publishes the tick's job. The job id and Nats-Msg-Id are the

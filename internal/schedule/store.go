@@ -68,15 +68,30 @@ func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time,
 		}
 		return time.Time{}, fmt.Errorf("store schedule %s: %w", d.Name, err)
 	}
-	next := e.Next(s.now())
+	now, err := s.serverTime(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	next := e.Next(now)
 	if err := arm(ctx, s.js, d.Name, ack.Sequence, next); err != nil {
+		if errors.Is(err, errChanged) {
+			return time.Time{}, fmt.Errorf("schedule %s was replaced or removed while it was being added", d.Name)
+		}
 		return time.Time{}, err
 	}
 	return next, nil
 }
 
-// arm publishes the one-shot message schedule that fires the tick at t.
-// The timer subject holds one message, so arming again replaces it.
+// errChanged: arm found the definition replaced or removed.
+var errChanged = errors.New("schedule definition changed")
+
+// arm publishes the one-shot message schedule that fires the tick at t
+// for the definition at rev. The timer subject holds one message, so
+// arming again replaces the timer; the publish is conditional on rev
+// still being the definition's last sequence, so that a relay still
+// handling a tick of a replaced or removed definition cannot replace the
+// timer of the new one (or leave one behind a removed schedule): that
+// returns errChanged.
 func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t time.Time) error {
 	msg := nats.NewMsg(protocol.ScheduleTimerSubject(name))
 	msg.Header.Set(protocol.HeaderNatsSchedule, "@at "+t.UTC().Format(time.RFC3339Nano))
@@ -84,10 +99,34 @@ func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t
 	msg.Header.Set(protocol.HeaderSchedule, name)
 	msg.Header.Set(protocol.HeaderScheduleTick, t.UTC().Format(time.RFC3339Nano))
 	msg.Header.Set(protocol.HeaderScheduleRev, strconv.FormatUint(rev, 10))
-	if _, err := js.PublishMsg(ctx, msg); err != nil {
+	_, err := js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequenceForSubject(rev, protocol.ScheduleDefSubject(name)))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return fmt.Errorf("arm schedule %s at revision %d: %w", name, rev, errChanged)
+	}
+	if err != nil {
 		return fmt.Errorf("arm schedule %s for %s: %w", name, t.Format(time.RFC3339), err)
 	}
 	return nil
+}
+
+// serverTime is the time by the NATS server's clock, the one it fires
+// message schedules by: when a tick is due, how late it is handled and
+// when the next one falls are all decided by it, never by this host's
+// clock, which may be off by more than a schedule's grace or interval.
+// The local clock only measures the round trip (half of it is added); a
+// server that does not say its time leaves the local clock.
+func (s *Store) serverTime(ctx context.Context) (time.Time, error) {
+	sent := s.now()
+	info, err := s.stream.Info(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the server's clock: %w", err)
+	}
+	got := s.now()
+	if info.TimeStamp.IsZero() {
+		return got, nil
+	}
+	return info.TimeStamp.Add(max(got.Sub(sent), 0) / 2), nil
 }
 
 // Entry is a schedule as listed.
