@@ -43,7 +43,15 @@ func printJob(a *app, d client.JobDetail, now time.Time) {
 	w := a.stdout
 	fmt.Fprintf(w, "Job:      %s\n", j.ID)
 	fmt.Fprintf(w, "Name:     %s\n", j.Name)
-	fmt.Fprintf(w, "State:    %s (desired %s)\n", j.State, j.Desired)
+	switch d.Held {
+	case client.HeldDelayed:
+		fmt.Fprintf(w, "State:    %s (delayed: starts %s, in %s; held in WARDEN_DELAY, not made yet)\n",
+			j.State, timestamp(d.StartsAt), max(d.StartsAt.Sub(now), 0).Round(time.Second))
+	case client.HeldQueued:
+		fmt.Fprintf(w, "State:    %s (queued: its submission waits for a scheduler, not made yet)\n", j.State)
+	default:
+		fmt.Fprintf(w, "State:    %s (desired %s)\n", j.State, j.Desired)
+	}
 	fmt.Fprintf(w, "Created:  %s (%s ago)\n", timestamp(j.CreatedAt), age(j.CreatedAt, now))
 	if !j.FinishedAt.IsZero() {
 		fmt.Fprintf(w, "Finished: %s (took %s)\n", timestamp(j.FinishedAt), j.FinishedAt.Sub(j.CreatedAt).Round(time.Millisecond))

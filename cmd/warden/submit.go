@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -49,7 +50,8 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 	}
 	// Validate before connecting: an invalid spec is the caller's problem
 	// (exit 2) whether or not a server is reachable. Submit checks again.
-	if _, err := spec.Parse(body, spec.Limits{}); err != nil {
+	sp, err := spec.Parse(body, spec.Limits{})
+	if err != nil {
 		return err
 	}
 	c, err := a.connect()
@@ -70,6 +72,9 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 	defer cancel()
 	receipt, err := c.Submit(rctx, body, client.SubmitOptions{})
 	if err != nil {
+		// The job may exist (the PubAck was lost) or does (Ctrl-C while
+		// waiting for the scheduler): say which job it is.
+		a.printUnsettled(receipt, err, sp.IdempotencyKey != "")
 		return err
 	}
 	if !a.json {
@@ -127,6 +132,34 @@ func (a *app) printReceipt(r client.Receipt) {
 		fmt.Fprintf(a.stderr, "warning: no scheduler confirmed job %s within %s; it is stored in %s and will run when a scheduler is up\n",
 			r.JobID, a.timeout, r.Stream)
 	}
+}
+
+// printUnsettled tells which job a submission that ended in err is: one
+// the server may have stored (its PubAck lost), or one it stored whose
+// scheduler's confirmation was not waited for (an interrupt). A rejection
+// names its job in the error.
+func (a *app) printUnsettled(r client.Receipt, err error, keyed bool) {
+	unknown := errors.Is(err, client.ErrOutcomeUnknown)
+	if errors.Is(err, client.ErrRejected) || (!unknown && r.Sequence == 0) {
+		return
+	}
+	if a.json {
+		_ = writeJSON(a.stdout, r) // the job id for scripts; the error goes to stderr
+	}
+	if !unknown {
+		if !a.json {
+			fmt.Fprintf(a.stdout, "job %s (%s) accepted\n", r.JobID, r.Name)
+		}
+		fmt.Fprintf(a.stderr, "warning: job %s is stored in %s and will run; the wait for a scheduler's confirmation was cut short\n", r.JobID, r.Stream)
+		return
+	}
+	fmt.Fprintf(a.stderr, "job %s (%s) may have been stored: the server did not confirm the submission.\n", r.JobID, r.Name)
+	if keyed {
+		fmt.Fprintf(a.stderr, "Submitting the spec again is safe (its idempotency_key names job %s), or check with `warden job show %s`.\n", r.JobID, r.JobID)
+		return
+	}
+	fmt.Fprintf(a.stderr, "Check with `warden job show %s` before submitting again (exit 3, not found: it was not stored, or was rejected):\n"+
+		"the spec has no idempotency_key, so submitting it again makes a second job if this one was stored.\n", r.JobID)
 }
 
 // readSpec reads the spec from a file, or stdin for "-" or no file.

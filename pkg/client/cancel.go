@@ -37,6 +37,13 @@ type CancelReport struct {
 // cancel holds whichever scheduler comes next. Follow waits for the job to
 // end, which is then cancelled, never succeeded.
 //
+// A job accepted but not made yet — one with run_at or delay before its
+// start time, or one whose submission waits for a scheduler — has no
+// record: Cancel writes its records ended cancelled (every step in
+// CancelReport.Cancelled), and the scheduler that takes its submission
+// later finds the job ended and runs nothing. Those records are kept
+// until the job's start time plus the retention.
+//
 // Errors: ErrNotFound if there is no such job, ErrFinished if it has
 // already ended.
 func (c *Client) Cancel(ctx context.Context, jobID string) (CancelReport, error) {
@@ -63,6 +70,20 @@ func (c *Client) cancel(ctx context.Context, jobID string, compensate bool) (Can
 	var snap *jobstore.Snapshot
 	for range 8 {
 		snap, err = markJobCancelled(ctx, store, jobID, compensate)
+		if errors.Is(err, jobstore.ErrNotFound) {
+			// No record: the job may be accepted and not made yet (held
+			// until its start time, or queued for a scheduler). It is
+			// cancelled by writing its records ended; if a scheduler made
+			// it meanwhile (ErrExists), that record is cancelled instead.
+			var steps []string
+			if steps, err = c.cancelHeld(ctx, store, jobID, compensate); err == nil {
+				rep.Cancelled = steps
+				return rep, nil
+			}
+			if errors.Is(err, jobstore.ErrExists) {
+				continue
+			}
+		}
 		if !errors.Is(err, jobstore.ErrConflict) {
 			break
 		}

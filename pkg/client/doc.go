@@ -14,7 +14,11 @@
 //     returns as soon as the job record is terminal.
 //   - Cancel makes cancelled the job's desired state, which wins: no step of
 //     it is dispatched after Cancel returns, and the job never ends
-//     succeeded.
+//     succeeded. A job accepted but not made yet (before its run_at or
+//     delay, or queued for a scheduler) is cancelled too, and never runs;
+//     Job reports such a job from its submission (JobDetail.Held).
+//   - A Submit whose publish got no answer (ErrOutcomeUnknown) still names
+//     the job it may have stored (Receipt.JobID).
 //
 // The examples show each scenario end to end on an in-process deployment:
 // submit and wait (Example), cancel (ExampleClient_Cancel), a delayed job

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -179,8 +180,14 @@ const rejectionPoll = time.Second
 // rejection of this very submission (a submission_rejected event naming
 // r's stream sequence) and returns it as a *RejectedError. A caller whose
 // wait for the scheduler's reply ran out (no scheduler was up) would
-// otherwise follow, forever, a job the scheduler later refused. A caller
-// that may not read WARDEN_EVENTS follows as Follow does.
+// otherwise follow, forever, a job the scheduler later refused. A job that
+// starts later (r.StartsAt) is submitted again at its start time, with a
+// later stream sequence, and the scheduler checks it again then (a rate
+// limit it names may be gone): a rejection of the job with a later
+// sequence ends the follow too, once nothing of the job is left — no
+// record, no submission on its way (a resubmission of the same id may be
+// rejected while this one still waits). A caller that may not read
+// WARDEN_EVENTS follows as Follow does.
 func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(Update)) (*Job, error) {
 	if r.Sequence == 0 {
 		return c.Follow(ctx, r.JobID, onUpdate) // no stream sequence to match
@@ -194,23 +201,51 @@ func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(
 			}
 			events = s
 		}
-		if rej := rejectionOf(ctx, events, r); rej != nil {
-			return rej
+		rej, exact := rejectionOf(ctx, events, r)
+		if rej == nil || exact {
+			return errOrNil(rej)
 		}
-		return nil
+		if h, err := c.findHeld(ctx, r.JobID); err != nil || h != nil {
+			return nil // still on its way (or no answer): follow on
+		}
+		if st, err := c.store(ctx); err != nil {
+			return nil
+		} else if _, _, err := st.Job(ctx, r.JobID); !errors.Is(err, jobstore.ErrNotFound) {
+			return nil // made meanwhile (the watch reports it)
+		}
+		return rej
 	})
 }
 
-// rejectionOf returns the scheduler's rejection of submission r, if there
-// is one it can read.
-func rejectionOf(ctx context.Context, s jetstream.Stream, r Receipt) *RejectedError {
+// errOrNil keeps a nil *RejectedError from becoming a non-nil error.
+func errOrNil(e *RejectedError) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// rejectionOf returns the scheduler's latest rejection of r's job, if there
+// is one it can read that may be r's: exact when it names r's stream
+// sequence, else one of a later submission of the job (its release, for a
+// job that starts later).
+func rejectionOf(ctx context.Context, s jetstream.Stream, r Receipt) (rej *RejectedError, exact bool) {
 	m, err := s.GetLastMsgForSubject(ctx, protocol.EventSubject(protocol.EventSubmissionRejected, r.JobID))
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	var e protocol.Event
-	if json.Unmarshal(m.Data, &e) != nil || e.Data["stream_seq"] != strconv.FormatUint(r.Sequence, 10) {
-		return nil
+	if json.Unmarshal(m.Data, &e) != nil {
+		return nil, false
 	}
-	return &RejectedError{JobID: r.JobID, Reason: e.Reason}
+	seq, err := strconv.ParseUint(e.Data["stream_seq"], 10, 64)
+	switch {
+	case err != nil:
+		return nil, false
+	case seq == r.Sequence:
+		return &RejectedError{JobID: r.JobID, Reason: e.Reason}, true
+	case seq > r.Sequence:
+		return &RejectedError{JobID: r.JobID, Reason: e.Reason}, false
+	}
+	return nil, false
 }

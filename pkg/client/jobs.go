@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -86,9 +87,19 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 type JobDetail struct {
 	Job   *Job    `json:"job"`
 	Steps []*Step `json:"steps"`
+	// Held is set for a job accepted but not made yet: it has no record
+	// (the scheduler writes it when it takes the submission), and Job is
+	// built from its submission, pending, with no steps. HeldDelayed: it
+	// starts at StartsAt (run_at, delay); HeldQueued: it waits for a
+	// scheduler.
+	Held Held `json:"held,omitempty"`
+	// StartsAt, for a held job, is when it is due.
+	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
-// Job reads one job and its steps. ErrNotFound if there is no such job.
+// Job reads one job and its steps. A job accepted but not made yet (held
+// until its start time, or queued for a scheduler) is reported from its
+// submission, with Held set. ErrNotFound if there is no such job.
 func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if !protocol.ValidToken(id) {
 		return JobDetail{}, fmt.Errorf("job %q: %w", id, ErrNotFound)
@@ -98,6 +109,21 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 		return JobDetail{}, err
 	}
 	j, _, err := st.Job(ctx, id)
+	if errors.Is(err, jobstore.ErrNotFound) {
+		h, herr := c.findHeld(ctx, id)
+		switch {
+		case errors.Is(herr, jetstream.ErrStreamNotFound):
+		case herr != nil:
+			return JobDetail{}, herr
+		case h != nil:
+			if sp, serr := h.spec(c.opts.Limits); serr == nil {
+				return h.detail(sp), nil
+			}
+		default:
+			// Not held: it may have become a record since.
+			j, _, err = st.Job(ctx, id)
+		}
+	}
 	if errors.Is(err, jobstore.ErrNotFound) {
 		return JobDetail{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}

@@ -52,8 +52,11 @@ type Receipt struct {
 // Errors: a *spec.ValidationError (errors.Is spec.ErrInvalid) when the spec
 // is invalid, in which case nothing was published; a *RejectedError when the
 // scheduler refused it; ErrNoSubmitStream or a NATS error when the server
-// did not accept it. A scheduler that does not answer in time is not an
-// error: the Receipt says Confirmed false.
+// did not accept it; an *OutcomeUnknownError (errors.Is ErrOutcomeUnknown),
+// with the Receipt's JobID set, when the server did not say whether it
+// stored it. A scheduler that does not answer in time is not an error: the
+// Receipt says Confirmed false; ctx ending during that wait is, with the
+// Receipt of the accepted job.
 func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) (Receipt, error) {
 	job, err := spec.Parse(specBytes, c.opts.Limits)
 	if err != nil {
@@ -102,7 +105,13 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
 			return Receipt{}, fmt.Errorf("submit job %s: %w (has a scheduler or `warden dev` created the streams?)", r.JobID, ErrNoSubmitStream)
 		}
-		return Receipt{}, fmt.Errorf("submit job %s: %w", r.JobID, err)
+		if notStored(err) {
+			return Receipt{}, fmt.Errorf("submit job %s: %w", r.JobID, err)
+		}
+		// The message may have been stored and only its PubAck lost: the
+		// caller gets the job id to look for, not a bare error (a retry
+		// of a spec without a key would be a second job).
+		return r, &OutcomeUnknownError{JobID: r.JobID, Err: err}
 	}
 	r.Stream, r.Sequence = ack.Stream, ack.Sequence
 	if ack.Duplicate {
@@ -129,9 +138,13 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 		timeout = min(timeout, max(time.Until(dl)-replyMargin, 0))
 	}
 	reply, ok, err := waitReply(ctx, sub, timeout)
-	if err != nil || !ok {
-		// The job is durably accepted; only the confirmation is missing.
-		return r, err
+	if err != nil {
+		// The job is durably accepted; the caller stopped waiting for its
+		// confirmation. The receipt says which job it is.
+		return r, fmt.Errorf("job %s accepted (%s sequence %d), not confirmed: %w", r.JobID, r.Stream, r.Sequence, err)
+	}
+	if !ok {
+		return r, nil // accepted; only the confirmation is missing
 	}
 	if reply.JobID != "" {
 		r.JobID = reply.JobID
@@ -142,6 +155,16 @@ func (c *Client) Submit(ctx context.Context, specBytes []byte, o SubmitOptions) 
 	r.Existing = r.Existing || reply.Existing
 	r.Confirmed = true
 	return r, nil
+}
+
+// notStored reports whether a failed publish certainly stored nothing: the
+// server answered with an error, or the client refused to send it. Any
+// other failure (a timeout, a connection lost, the context ended) leaves
+// the outcome unknown.
+func notStored(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) || errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
+		errors.Is(err, nats.ErrHeadersNotSupported) || errors.Is(err, nats.ErrInvalidMsg) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // replyMargin is what Submit leaves of the caller's deadline to return.
@@ -175,11 +198,13 @@ func waitReply(ctx context.Context, sub *nats.Subscription, timeout time.Duratio
 // of job repeats. Within the stream's 2-minute duplicate window a repeat
 // of a rejected submission was dropped all the same and reported as the
 // existing job: no job existed, and `warden submit --wait` followed it for
-// ever. That submission is still queued for a scheduler (on warden.submit,
-// or held on warden.delay in WARDEN_DELAY until it is due), or the scheduler took it,
-// wrote the job record and only then acked it; if neither the message nor
-// the record is there, it was rejected. A caller that may not read the
-// stream or the job store (the publisher role) gets the old answer.
+// ever. That submission is still queued for a scheduler, or moved on: held
+// on warden.delay in WARDEN_DELAY until it is due, released onto
+// warden.delayed, submitted again on warden.submit (findHeld), or the
+// scheduler took it, wrote the job record and only then acked it. If it is
+// in none of these places, in that order, it was rejected. A caller that
+// may not read the streams or the job store (the publisher role) gets the
+// old answer.
 func (c *Client) duplicateOf(ctx context.Context, job string, seq uint64) error {
 	s, err := c.js.Stream(ctx, protocol.StreamSubmit)
 	if err != nil {
@@ -188,10 +213,8 @@ func (c *Client) duplicateOf(ctx context.Context, job string, seq uint64) error 
 	if _, err := s.GetMsg(ctx, seq); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil // still queued, or no answer (no permission)
 	}
-	if d, err := c.js.Stream(ctx, protocol.StreamDelay); err != nil {
-		return nil
-	} else if _, err := d.GetLastMsgForSubject(ctx, protocol.DelaySubject(job)); !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
+	if h, err := c.findHeld(ctx, job); err != nil || h != nil {
+		return nil // on its way to a record, or no answer
 	}
 	st, err := c.store(ctx)
 	if err != nil {

@@ -50,6 +50,31 @@ func TestParseRejects(t *testing.T) {
 	}
 }
 
+// TestIdempotencyKeyMustReachTheServerAsWritten: the key is the
+// submission's Nats-Msg-Id, whose value NATS clients trim and whose CR and
+// LF they turn into spaces, while the job id is derived from the key as
+// written. A key the header would change is refused, naming the field.
+func TestIdempotencyKeyMustReachTheServerAsWritten(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"k\n", "k ", " k", "\tk", "a\nb", "a\r\nb", "a\tb", "a\x00b", "a\x7fb", "k\u00a0"} {
+		body, _ := json.Marshal(map[string]any{"name": "x", "idempotency_key": key, "steps": []any{map[string]string{"id": "a", "action": "echo"}}})
+		_, err := spec.Parse(body, spec.Limits{})
+		if spec.ReasonOf(err) != spec.ReasonInvalidValue || !strings.Contains(err.Error(), "idempotency_key") {
+			t.Errorf("key %q: got %v, want invalid_value naming idempotency_key", key, err)
+		}
+	}
+	// A block scalar keeps its newline: the YAML a person writes by mistake.
+	if _, err := spec.Parse([]byte("name: x\nidempotency_key: |\n  release-7\nsteps: [{id: a, action: echo}]\n"), spec.Limits{}); spec.ReasonOf(err) != spec.ReasonInvalidValue {
+		t.Errorf("a key from a YAML block scalar (trailing newline): got %v, want invalid_value", err)
+	}
+	for _, key := range []string{"k", "release 7", "déploiement-42", "a:b/c"} {
+		body, _ := json.Marshal(map[string]any{"name": "x", "idempotency_key": key, "steps": []any{map[string]string{"id": "a", "action": "echo"}}})
+		if _, err := spec.Parse(body, spec.Limits{}); err != nil {
+			t.Errorf("key %q refused: %v", key, err)
+		}
+	}
+}
+
 func TestParseAcceptsDiamondInBothFormats(t *testing.T) {
 	t.Parallel()
 	yamlSpec := `

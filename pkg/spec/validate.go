@@ -3,10 +3,31 @@ package spec
 import (
 	"fmt"
 	"strings"
+	"unicode"
 
 	"github.com/wardenhq/warden/internal/retry"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
+
+// validIdempotencyKey refuses a key that would not reach the server as
+// written. The key is the submission's Nats-Msg-Id, and NATS clients trim a
+// header value's leading and trailing white space and turn CR and LF into
+// spaces (nats.go does), while the job id is JobIDForKey of the key as
+// written: "k\n" and "k" were one message id for the stream, which dropped
+// the second as a duplicate, and two job ids, so the second submitter was
+// told of an existing job that never existed.
+func validIdempotencyKey(k string) error {
+	if len(k) > 256 {
+		return invalid(ReasonInvalidValue, "idempotency_key", "longer than 256 bytes")
+	}
+	if strings.TrimSpace(k) != k {
+		return invalid(ReasonInvalidValue, "idempotency_key", "%q starts or ends with white space", k)
+	}
+	if i := strings.IndexFunc(k, unicode.IsControl); i >= 0 {
+		return invalid(ReasonInvalidValue, "idempotency_key", "%q contains a control character at byte %d (tab, newline, ...)", k, i)
+	}
+	return nil
+}
 
 // Validate checks the spec against the limits. The first problem found is
 // returned as a *ValidationError.
@@ -15,8 +36,8 @@ func (j *Job) Validate(l Limits) error {
 	if strings.TrimSpace(j.Name) == "" {
 		return invalid(ReasonMissingField, "name", "a job needs a name")
 	}
-	if len(j.IdempotencyKey) > 256 {
-		return invalid(ReasonInvalidValue, "idempotency_key", "longer than 256 bytes")
+	if err := validIdempotencyKey(j.IdempotencyKey); err != nil {
+		return err
 	}
 	if len(j.Steps) == 0 {
 		return invalid(ReasonEmpty, "steps", "a job needs at least one step")
