@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -33,7 +34,9 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 		Long: "Cancel a job. Its desired state becomes cancelled at once, durably: no step of it is dispatched again.\n" +
 			"Steps not started end cancelled; running ones are told to stop and end cancelled when their agent\n" +
 			"reports, or when their lease ends if it never does. The command waits until the job has ended\n" +
-			"(Ctrl-C stops waiting, not the cancel); --no-wait returns once the cancel is recorded.",
+			"(Ctrl-C stops waiting, not the cancel); --no-wait returns once the cancel is recorded. Reads of the job\n" +
+			"that fail are tried again until they have failed for --timeout in a row; a wait that stops still prints\n" +
+			"the report, and its error says that the cancel is recorded and holds.",
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			wait := cmd.Context() // waiting is bounded by the job, not by --timeout
@@ -49,8 +52,13 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 				}
 				var final *jobstore.Job
 				if !noWait {
-					if final, err = o.WaitJob(wait, args[0], 50*time.Millisecond); err != nil {
-						return err
+					// Reads that fail are tried again for --timeout in a row.
+					if final, err = o.WaitJobPatiently(wait, args[0], 50*time.Millisecond, a.timeout); err != nil {
+						// The cancel is recorded and holds; only the wait
+						// failed. Say what the cancel did, and that, rather
+						// than fail as if it had not happened (a script
+						// cancelling again then read "conflict").
+						return a.cancelWaitFailed(rep, err)
 					}
 				}
 				if a.json {
@@ -60,11 +68,7 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 					}
 					return writeJSON(a.stdout, out)
 				}
-				fmt.Fprintf(a.stdout, "job %s cancelled: %d pending steps cancelled, %d running steps interrupted",
-					rep.JobID, len(rep.Cancelled), len(rep.Interrupted))
-				if len(rep.Interrupted) > 0 && len(rep.Interrupted) <= 10 {
-					fmt.Fprintf(a.stdout, " (%s)", strings.Join(rep.Interrupted, ", "))
-				}
+				a.printCancel(rep)
 				if final != nil {
 					fmt.Fprintf(a.stdout, "; job %s in %s", final.State, time.Since(start).Round(time.Millisecond))
 				}
@@ -92,6 +96,45 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 		},
 	}
 	return []*cobra.Command{cancel, retry}
+}
+
+// printCancel prints what a cancel did, without the line's end.
+func (a *app) printCancel(rep ops.CancelReport) {
+	fmt.Fprintf(a.stdout, "job %s cancelled: %d pending steps cancelled, %d running steps interrupted",
+		rep.JobID, len(rep.Cancelled), len(rep.Interrupted))
+	if len(rep.Interrupted) > 0 && len(rep.Interrupted) <= 10 {
+		fmt.Fprintf(a.stdout, " (%s)", strings.Join(rep.Interrupted, ", "))
+	}
+}
+
+// errCancelRecorded marks a cancel whose wait for the job's end failed:
+// the cancel itself is recorded and holds.
+var errCancelRecorded = errors.New("the cancel is recorded and holds")
+
+// cancelWaitFailed reports a cancel that took effect and a wait for the
+// job's end that did not finish (reads failed for --timeout, Ctrl-C): the
+// report on stdout, as for --no-wait, with "cancel_recorded" and
+// "wait_error" in JSON; the error, which says the cancel holds, exits
+// with its cause's code (4: NATS unavailable or a timeout).
+func (a *app) cancelWaitFailed(rep ops.CancelReport, err error) error {
+	var we *ops.WaitError
+	var last *jobstore.Job
+	if errors.As(err, &we) {
+		last = we.Last
+	}
+	if a.json {
+		out := map[string]any{"report": rep, "cancel_recorded": true, "wait_error": err.Error()}
+		if last != nil {
+			out["state"] = last.State
+		}
+		if werr := writeJSON(a.stdout, out); werr != nil {
+			return werr
+		}
+	} else {
+		a.printCancel(rep)
+		fmt.Fprintln(a.stdout, "; the job has not ended yet")
+	}
+	return fmt.Errorf("job %s: %w, but %w; `warden job show %s` shows how it ends", rep.JobID, errCancelRecorded, err, rep.JobID)
 }
 
 func (a *app) agentCommand() *cobra.Command {

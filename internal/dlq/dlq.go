@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -137,7 +136,9 @@ func (q *Queue) Purge(ctx context.Context) (uint64, error) {
 }
 
 // Retry brings a dead-lettered step back (see the package doc). It fails if
-// the step is no longer dead-lettered, so a retry happens once.
+// the step is no longer dead-lettered, so a retry happens once, and if its
+// job is cancelled or being cancelled (*JobCancelledError): a dead-letter
+// retry never undoes a cancel.
 func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Letter, error) {
 	l, err := q.Get(ctx, id)
 	if err != nil {
@@ -149,133 +150,23 @@ func (q *Queue) Retry(ctx context.Context, store *jobstore.Store, id uint64) (Le
 	// Only a step still dead-lettered: a letter stays listed after its step
 	// moved on (warden job retry reopened it, it then failed or was
 	// cancelled with its job), and reopening such a step brought a
-	// cancelled job back to running.
-	if err := reopen(ctx, store, l.JobID, l.StepID, time.Now().UTC(), jobstore.StepDeadLettered); err != nil {
+	// cancelled job back to running. Nor a step of a job cancelled or
+	// being cancelled (JobCancelledError): the retry undid the cancel.
+	reopened, err := reopen(ctx, store, reopenRequest{
+		job: l.JobID, step: l.StepID, from: []jobstore.StepState{jobstore.StepDeadLettered}, keepCancel: true,
+	}, time.Now().UTC())
+	if len(reopened) > 0 {
+		// Whatever landed runs (or, in a job cancelled meanwhile, is
+		// cancelled) now, not after the supervisor's grace.
+		Kick(context.WithoutCancel(ctx), q.nc, l.JobID)
+	}
+	if err != nil {
 		return l, err
 	}
-	Kick(ctx, q.nc, l.JobID)
 	if err := streams.DeleteMsg(ctx, q.stream, id); err != nil {
 		return l, fmt.Errorf("step reopened, but deleting dead letter %d failed: %w", id, err)
 	}
 	return l, nil
-}
-
-// Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
-// attempt budget, and reopens its job and the steps skipped in its wake.
-func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
-	return reopen(ctx, store, jobID, stepID, now, jobstore.StepDeadLettered, jobstore.StepFailed, jobstore.StepCancelled)
-}
-
-// reopen is Reopen for a step in one of the states from.
-func reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time, from ...jobstore.StepState) error {
-	if err := refuseUndone(ctx, store, jobID); err != nil {
-		return err
-	}
-	for range 8 {
-		st, rev, err := store.Step(ctx, jobID, stepID)
-		if err != nil {
-			return err
-		}
-		if !slices.Contains(from, st.State) {
-			return fmt.Errorf("%w: step %s.%s is %s, not %v", ErrWrongState, jobID, stepID, st.State, from)
-		}
-		st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
-		st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0
-		st.LastError = "reopened by an operator after: " + st.LastError
-		st.UpdatedAt = now
-		if _, err := store.UpdateStep(ctx, st, rev); errors.Is(err, jobstore.ErrConflict) {
-			continue
-		} else if err != nil {
-			return err
-		}
-		if err := ReopenJob(ctx, store, jobID, now); err != nil {
-			return fmt.Errorf("step %s.%s reopened, but not its job (retry the job to finish it): %w", jobID, stepID, err)
-		}
-		return nil
-	}
-	return jobstore.ErrConflict
-}
-
-// refuseUndone refuses to reopen a step of a job whose compensation ran
-// (or runs): the completed steps' effects were undone, and compensation is
-// planned once per job, so a reopened forward step would run beside the
-// undo (compensation_failed) or end the job succeeded with its work undone
-// (compensated). Such a job is submitted again instead.
-func refuseUndone(ctx context.Context, store *jobstore.Store, jobID string) error {
-	job, _, err := store.Job(ctx, jobID)
-	if err != nil {
-		return err
-	}
-	if job.State.Compensation() {
-		return fmt.Errorf("%w: job %s is %s: its completed steps were undone, so its steps cannot be reopened; submit the job again",
-			ErrWrongState, jobID, job.State)
-	}
-	return nil
-}
-
-// ReopenJob reopens the job of a reopened step: skipped steps pending
-// again, ended steps written again without their retention TTL, the job
-// running. Reopen calls it after the step; a reopen whose step landed and
-// whose job write did not left a finished job with a pending step, and a
-// job retry finishes it by calling this again (ops.RetryJob).
-func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {
-	for range 8 {
-		job, rev, err := store.Job(ctx, jobID)
-		if err != nil {
-			return err
-		}
-		steps, err := store.Steps(ctx, job)
-		if err != nil {
-			return err
-		}
-		conflict := false
-		for _, s := range steps {
-			skipped := s.State == jobstore.StepSkipped
-			switch {
-			case skipped:
-				// Evaluate skips it again if another dependency still failed.
-				s.State, s.FinishedAt, s.LastError, s.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
-			case s.State.Terminal() && !job.Inline:
-				// Written as it is, without the retention TTL its job's end
-				// gave it (jobstore.StepWrite): a job reopened near its
-				// retention lost its succeeded steps' records while it ran
-				// again (the scheduler then took them for steps never
-				// created, and ran them again). The job's next end gives it
-				// back.
-			default:
-				continue
-			}
-			if _, err := store.UpdateStep(ctx, s.Step, s.Revision); err != nil {
-				if !errors.Is(err, jobstore.ErrConflict) {
-					return err
-				}
-				// Someone else wrote the step meanwhile (a scheduler ending
-				// or sealing the job). A skipped one is read again: left
-				// skipped it would never run while the job, reopened,
-				// could end succeeded. An ended one's TTL the scheduler
-				// takes back itself (unseal) once the job is open again.
-				conflict = conflict || skipped
-			}
-		}
-		if conflict {
-			continue
-		}
-		// Written even when the job is open: one whose steps had all ended
-		// may be writing its terminal record (sealing), and that write must
-		// lose its compare-and-set and read the reopened step, not end the
-		// job over it.
-		if job.State.Terminal() || job.Desired != jobstore.JobSucceeded {
-			job.State, job.Desired, job.Error, job.FinishedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}
-		}
-		job.UpdatedAt = now
-		if _, err := store.UpdateJob(ctx, job, rev); errors.Is(err, jobstore.ErrConflict) {
-			continue
-		} else if err != nil {
-			return err
-		}
-		return nil
-	}
-	return jobstore.ErrConflict
 }
 
 // Kick asks a scheduler to advance a job now. It is best effort: without a

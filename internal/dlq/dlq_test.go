@@ -367,3 +367,34 @@ func TestReopenWritesTheRecordOfAFinishingJob(t *testing.T) {
 		t.Fatalf("job record after a reopen while finishing: rev %d (was %d), state %v, %v", after, rev, j.State, err)
 	}
 }
+
+// A job whose steps live in its record (one step: Inline) is reopened by
+// one write of that record: the step pending, the job running.
+func TestRetryJobOfAnInlineJobIsOneWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	sp := spec.Job{Name: "i", Steps: []spec.Step{{ID: "s", Action: "echo"}}}
+	job := jobstore.NewJob("job-inline", sp, now)
+	steps, err := jobstore.NewSteps(job.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].Epoch, steps[0].Attempt = 1, 1
+	steps[0].DeadLetter("delivered 5 times", now)
+	job.Inline, job.Steps = true, steps
+	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, "step s dead_lettered", now
+	rev, err := b.store.CreateJob(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopened, err := dlq.RetryJob(ctx, b.store, job.ID, now)
+	if err != nil || len(reopened) != 1 || reopened[0] != "s" {
+		t.Fatalf("retry: %v %v", reopened, err)
+	}
+	j, after, err := b.store.Job(ctx, job.ID)
+	if err != nil || after != rev+1 || j.State != jobstore.JobRunning || j.Steps[0].State != jobstore.StepPending || j.Steps[0].Attempt != 0 {
+		t.Fatalf("after the retry: revision %d (was %d), job %s, step %+v, %v", after, rev, j.State, j.Steps[0], err)
+	}
+}

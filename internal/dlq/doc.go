@@ -5,9 +5,15 @@
 // Retry puts the step back to pending with a fresh attempt budget, reopens
 // its job and steps skipped because of it, asks a scheduler to advance the
 // job, and only then deletes the dead letter: a crash in between leaves the
-// letter in place, never loses it.
+// letter in place, never loses it. RetryJob (a job retry) reopens a
+// finished job's failed, dead-lettered and cancelled steps the same way, in
+// one pass (reopen.go).
 //
 // Invariants: a letter is deleted only after what it stands for is safely
 // elsewhere (retry) or on an operator's explicit purge; nothing else deletes
-// from WARDEN_DLQ.
+// from WARDEN_DLQ. A reopen never undoes a cancel: a job being cancelled is
+// refused, and so is a cancelled one for a dead-letter retry
+// (JobCancelledError); only a job retry, asked for the whole finished job,
+// runs a cancelled job again. Every write is a compare-and-set at the
+// revision its decision was read at, the job's last.
 package dlq

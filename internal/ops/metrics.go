@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -214,71 +215,132 @@ func NewFeed(o *Ops, r prometheus.Registerer, log zerolog.Logger) *Feed {
 	return f
 }
 
+// Feed restarts: the first wait after a feed failed, doubling to the last.
+const (
+	feedRetryFirst = 500 * time.Millisecond
+	feedRetryMax   = 30 * time.Second
+)
+
 // Run counts until ctx ends: the events stored so far and every new one,
-// and new job-store writes.
+// and new job-store writes. A feed that fails (at start: its stream is not
+// there yet; later: NATS went away) is logged at once and started again
+// after a backoff, from where it stopped, while the other goes on: before,
+// its error waited for the other feed to end at shutdown, and the healing
+// and failover metrics stayed missing without a word. Run returns nil when
+// ctx ends.
 func (f *Feed) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	wg.Add(2)
-	go func() { defer wg.Done(); errs <- f.events(ctx) }()
-	go func() { defer wg.Done(); errs <- f.jobs(ctx) }()
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
+	ev, jobs := &eventsFeed{f: f}, &jobsFeed{f: f, created: map[string]time.Time{}}
+	for name, run := range map[string]func(context.Context) error{"events": ev.run, "jobs": jobs.run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.keep(ctx, name, run)
+		}()
 	}
+	wg.Wait()
 	return nil
 }
 
-func (f *Feed) events(ctx context.Context) error {
+// keep runs one feed until ctx ends, starting it again after each failure.
+func (f *Feed) keep(ctx context.Context, name string, run func(context.Context) error) {
+	wait := feedRetryFirst
+	for {
+		err := run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("ended")
+		}
+		f.log.Warn().Err(err).Str("feed", name).Dur("retry_in", wait).Msg("metrics feed failed; its metrics are not counted until it restarts")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, feedRetryMax)
+	}
+}
+
+// eventsFeed counts healing actions, failover durations and retries from
+// WARDEN_EVENTS; after a restart it goes on after the last event it
+// counted, so nothing is counted twice.
+type eventsFeed struct {
+	f    *Feed
+	last uint64 // stream sequence of the last event counted
+}
+
+func (e *eventsFeed) run(ctx context.Context) error {
+	f := e.f
 	kinds := []protocol.EventKind{protocol.EventHealing, protocol.EventFailover, protocol.EventStepRecovered}
 	var filters []string
 	for _, k := range kinds {
 		filters = append(filters, protocol.EventSubject(k, ">"))
 	}
-	cons, err := f.o.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{FilterSubjects: filters})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters}
+	if e.last > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, e.last+1
+	}
+	cons, err := f.o.js.OrderedConsumer(ctx, protocol.StreamEvents, cfg)
 	if err != nil {
 		return err
 	}
 	return each(ctx, cons, func(m jetstream.Msg) {
-		var e protocol.Event
-		if json.Unmarshal(m.Data(), &e) != nil {
+		if md, err := m.Metadata(); err == nil {
+			e.last = md.Sequence.Stream
+		}
+		var ev protocol.Event
+		if json.Unmarshal(m.Data(), &ev) != nil {
 			return
 		}
-		switch e.Kind {
+		switch ev.Kind {
 		case protocol.EventHealing:
-			if a := e.Data["action"]; a != "" {
+			if a := ev.Data["action"]; a != "" {
 				f.healingActions.WithLabelValues(a).Inc()
 			}
 		case protocol.EventFailover:
-			if d, err := time.ParseDuration(e.Data["duration"]); err == nil {
+			if d, err := time.ParseDuration(ev.Data["duration"]); err == nil {
 				f.failoverDuration.Observe(d.Seconds())
 			}
 		case protocol.EventStepRecovered:
-			reason := e.Data["status"]
+			reason := ev.Data["status"]
 			if reason == "" {
-				reason = firstWord(e.Reason)
+				reason = firstWord(ev.Reason)
 			}
 			f.retries.WithLabelValues(reason).Inc()
 		}
 	})
 }
 
-// jobs observes the queue latency of each new job: its acceptance time is
-// the Warden-Created header, its first dispatch the first write carrying
+// jobsFeed observes the queue latency of each new job: its acceptance time
+// is the Warden-Created header, its first dispatch the first write carrying
 // Warden-Locked-Until (job record for inline steps, step record otherwise).
-func (f *Feed) jobs(ctx context.Context) error {
+// It starts with the writes after its start, and after a restart goes on
+// after the last write it read.
+type jobsFeed struct {
+	f       *Feed
+	last    uint64
+	created map[string]time.Time // jobs not yet dispatched
+}
+
+func (jf *jobsFeed) run(ctx context.Context) error {
+	f := jf.f
 	prefix := "$KV." + protocol.BucketJobs + "."
-	cons, err := f.o.js.OrderedConsumer(ctx, "KV_"+protocol.BucketJobs, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverNewPolicy, HeadersOnly: true,
-	})
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{prefix + ">"}, DeliverPolicy: jetstream.DeliverNewPolicy, HeadersOnly: true}
+	if jf.last > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, jf.last+1
+	}
+	cons, err := f.o.js.OrderedConsumer(ctx, "KV_"+protocol.BucketJobs, cfg)
 	if err != nil {
 		return err
 	}
-	created := map[string]time.Time{} // jobs not yet dispatched
+	created := jf.created
 	return each(ctx, cons, func(m jetstream.Msg) {
+		md, mdErr := m.Metadata()
+		if mdErr == nil {
+			jf.last = md.Sequence.Stream
+		}
 		h := m.Headers()
 		parts := strings.Split(strings.TrimPrefix(m.Subject(), prefix), ".")
 		if len(parts) < 2 {
@@ -303,7 +365,7 @@ func (f *Feed) jobs(ctx context.Context) error {
 			return
 		}
 		delete(created, job)
-		if md, err := m.Metadata(); err == nil {
+		if mdErr == nil {
 			f.queueLatency.Observe(max(md.Timestamp.Sub(c).Seconds(), 0))
 		}
 	})
@@ -314,7 +376,11 @@ func each(ctx context.Context, cons jetstream.Consumer, f func(jetstream.Msg)) e
 	if err != nil {
 		return err
 	}
-	context.AfterFunc(ctx, it.Stop)
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer func() {
+		stop()
+		it.Stop() // a feed that failed is started again: its iterator is not left running
+	}()
 	for {
 		m, err := it.Next()
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // Ops acts on one deployment.
@@ -64,82 +62,94 @@ func (o *Ops) CancelJobCompensate(ctx context.Context, jobID string) (CancelRepo
 	return client.New(o.js, client.Options{}).CancelCompensate(ctx, jobID)
 }
 
-// WaitJob waits until the job is terminal (or ctx ends) and returns it.
+// WaitJob waits until the job is terminal (or ctx ends) and returns it;
+// WaitJobPatiently with no patience: failed reads are tried again until
+// ctx ends.
 func (o *Ops) WaitJob(ctx context.Context, jobID string, every time.Duration) (*jobstore.Job, error) {
+	return o.WaitJobPatiently(ctx, jobID, every, 0)
+}
+
+// waitReadTimeout bounds one read of a wait whose context has no deadline.
+const waitReadTimeout = 5 * time.Second
+
+// WaitJobPatiently waits until the job is terminal and returns it, reading
+// it every `every`. A read that fails is tried again: the job store may be
+// out of reach for a moment (a reconnect, a stream leader moving) while the
+// job goes on, and a wait that gave up at the first failed read made
+// `warden job cancel` fail as if the cancel had not happened. It gives up
+// once reads have failed for patience in a row (0: never), when ctx ends,
+// at once when the job does not exist or the connection is closed; its
+// error is then a *WaitError.
+func (o *Ops) WaitJobPatiently(ctx context.Context, jobID string, every, patience time.Duration) (*jobstore.Job, error) {
+	var (
+		last        *jobstore.Job
+		failingFrom time.Time // zero while reads succeed
+	)
 	for {
-		j, _, err := o.store.Job(ctx, jobID)
-		if err != nil {
-			return nil, err
-		}
-		if j.State.Terminal() {
-			return j, nil
+		rctx, cancel := context.WithTimeout(ctx, waitReadTimeout)
+		j, _, err := o.store.Job(rctx, jobID)
+		cancel()
+		switch {
+		case err == nil:
+			if j.State.Terminal() {
+				return j, nil
+			}
+			last, failingFrom = j, time.Time{}
+		case ctx.Err() != nil:
+			return last, &WaitError{Job: jobID, Last: last, Err: ctx.Err()}
+		case errors.Is(err, jobstore.ErrNotFound), errors.Is(err, nats.ErrConnectionClosed):
+			return last, &WaitError{Job: jobID, Last: last, Err: err}
+		case failingFrom.IsZero():
+			failingFrom = time.Now()
+		case patience > 0 && time.Since(failingFrom) >= patience:
+			return last, &WaitError{Job: jobID, Last: last, Err: fmt.Errorf("reads failed for %s: %w", time.Since(failingFrom).Round(time.Millisecond), err)}
 		}
 		select {
 		case <-ctx.Done():
-			return j, ctx.Err()
+			return last, &WaitError{Job: jobID, Last: last, Err: ctx.Err()}
 		case <-time.After(every):
 		}
 	}
 }
 
+// WaitError is a wait that ended before its job did; the job goes on as
+// it would have. Its code is its cause's.
+type WaitError struct {
+	Job string
+	// Last is the job as last read, nil if no read succeeded.
+	Last *jobstore.Job
+	Err  error
+}
+
+func (e *WaitError) Error() string {
+	return fmt.Sprintf("waiting for job %s to end: %v", e.Job, e.Err)
+}
+
+func (e *WaitError) Unwrap() error { return e.Err }
+
 // RetryJob reopens a finished job's failed, dead-lettered and cancelled
 // steps with a fresh attempt budget (and the steps skipped because of them),
-// and asks a scheduler to run them. A retry that fails part-way returns a
+// and asks a scheduler to run them. It is the explicit way to run a
+// cancelled job again (a dead-letter retry refuses to); a job being
+// cancelled, or not finished, is refused. All the steps are reopened in
+// one pass (dlq.RetryJob: each record read once and written at most
+// once, pipelined). A retry that fails part-way returns a
 // *PartialRetryError naming the steps it did reopen, and has asked for
 // those to run.
 func (o *Ops) RetryJob(ctx context.Context, jobID string) ([]string, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, Errorf(CodeNotFound, "job %q: not found", jobID)
 	}
-	job, _, err := o.store.Job(ctx, jobID)
+	reopened, err := dlq.RetryJob(ctx, o.store, jobID, o.now().UTC())
 	if err != nil {
+		if len(reopened) > 0 {
+			// What was reopened runs now, not after the supervisor's
+			// grace; the caller's deadline may be what stopped the
+			// retry, so the kick has a context of its own (Kick bounds it).
+			dlq.Kick(context.WithoutCancel(ctx), o.nc, jobID)
+			return nil, &PartialRetryError{Job: jobID, Reopened: reopened, Err: err}
+		}
 		return nil, err
-	}
-	if !job.State.Terminal() {
-		return nil, fmt.Errorf("%w: job %s is %s: only a finished job can be retried", dlq.ErrWrongState, jobID, job.State)
-	}
-	var reopened []string
-	steps, err := o.store.Steps(ctx, job)
-	if err != nil {
-		return nil, err
-	}
-	var stranded []string // pending in a finished job: reopened by a retry that failed part-way
-	for _, s := range steps {
-		switch s.State {
-		case jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled:
-		case jobstore.StepPending:
-			// Only a step of the job's spec (not a stray compensation
-			// record) of a job whose compensation never ran (dlq refuses
-			// to reopen an undone job).
-			if slices.ContainsFunc(job.Spec.Steps, func(sp spec.Step) bool { return sp.ID == s.ID }) && !job.State.Compensation() {
-				stranded = append(stranded, s.ID)
-			}
-			continue
-		default:
-			continue
-		}
-		if err := dlq.Reopen(ctx, o.store, jobID, s.ID, o.now().UTC()); err != nil {
-			if len(reopened) > 0 {
-				// What was reopened runs now, not after the supervisor's
-				// grace; the caller's deadline may be what stopped the
-				// retry, so the kick has a context of its own (Kick bounds it).
-				dlq.Kick(context.WithoutCancel(ctx), o.nc, jobID)
-				return nil, &PartialRetryError{Job: jobID, Reopened: reopened, Err: err}
-			}
-			return nil, err
-		}
-		reopened = append(reopened, s.ID)
-	}
-	if len(reopened) == 0 && len(stranded) > 0 {
-		// A retry that reopened these steps and then failed to reopen
-		// their job: finish it, or they would never run.
-		if err := dlq.ReopenJob(ctx, o.store, jobID, o.now().UTC()); err != nil {
-			return nil, err
-		}
-		reopened = stranded
-	}
-	if len(reopened) == 0 {
-		return nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", dlq.ErrWrongState, jobID)
 	}
 	dlq.Kick(ctx, o.nc, jobID)
 	return reopened, nil

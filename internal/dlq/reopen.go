@@ -1,0 +1,296 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+)
+
+// ErrJobCancelled: the step's job is cancelled, or being cancelled, and a
+// reopen would undo that. It matches ErrWrongState (a conflict, exit 2).
+var ErrJobCancelled = fmt.Errorf("%w: job cancelled", ErrWrongState)
+
+// JobCancelledError refuses to reopen a step of a job an operator
+// cancelled: retrying its dead letter ran the step again and turned the
+// job's desired state back to succeeded, so a cancel in progress was
+// undone (the job could end succeeded) and a cancelled job ran again.
+// Running a cancelled job again is asked for explicitly, once it has
+// ended: `warden job retry` (ops.RetryJob).
+type JobCancelledError struct {
+	Job  string
+	Step string
+	// State is the job's state: cancelled (or, for a cancel that stopped
+	// nothing, succeeded) once it has ended; running or pending while
+	// the cancel is carried out.
+	State jobstore.JobState
+}
+
+func (e *JobCancelledError) Error() string {
+	if e.State.Terminal() {
+		was := "was cancelled"
+		if e.State != jobstore.JobCancelled {
+			was += " (it ended " + string(e.State) + ")"
+		}
+		return fmt.Sprintf("job %s %s: step %s is not run again by a dead-letter retry; "+
+			"`warden job retry %s` runs the job's failed, dead-lettered and cancelled steps again", e.Job, was, e.Step, e.Job)
+	}
+	return fmt.Sprintf("job %s is being cancelled: step %s is not run again; "+
+		"once the job has ended, `warden job retry %s` runs its failed, dead-lettered and cancelled steps again", e.Job, e.Step, e.Job)
+}
+
+// Unwrap makes errors.Is(err, ErrJobCancelled) and ErrWrongState hold.
+func (e *JobCancelledError) Unwrap() error { return ErrJobCancelled }
+
+// reopenRequest says what a reopen takes.
+type reopenRequest struct {
+	job string
+	// step is the one step to reopen, in one of the states from. Empty:
+	// every failed, dead-lettered and cancelled step of a finished job (a
+	// job retry), or, with finish, none.
+	step string
+	from []jobstore.StepState
+	// finish: reopen no step, only finish a reopen whose steps landed
+	// and whose job write did not (ReopenJob).
+	finish bool
+	// keepCancel refuses a job that ended cancelled too, not only one
+	// being cancelled (a dead-letter retry: only a job retry, asked for
+	// the whole job, runs a cancelled job again).
+	keepCancel bool
+}
+
+// retryable are the step states a job retry reopens.
+var retryable = []jobstore.StepState{jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled}
+
+// Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
+// attempt budget, and reopens its job and the steps skipped in its wake.
+// It refuses a job being cancelled (JobCancelledError).
+func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
+	_, err := reopen(ctx, store, reopenRequest{job: jobID, step: stepID, from: retryable}, now)
+	return err
+}
+
+// RetryJob reopens, in one pass, a finished job's failed, dead-lettered
+// and cancelled steps with a fresh attempt budget, the steps skipped in
+// their wake, and the job; it returns the steps it reopened. A finished
+// job whose only open steps are pending (a retry whose job write failed
+// left them so) has its reopen finished and those returned. Each record is
+// read once and written at most once, the step records pipelined and each
+// at the revision read, then the job record at its own: a job of 1,000
+// steps costs about as many writes, not one rewrite of every step per
+// failed step. On an error the steps returned (if any) did land.
+func RetryJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) ([]string, error) {
+	return reopen(ctx, store, reopenRequest{job: jobID, from: retryable}, now)
+}
+
+// ReopenJob finishes the reopen of a step whose write landed and whose
+// job write did not: skipped steps pending again, ended steps written
+// again without their retention TTL, the job running (RetryJob does it
+// for a finished job with pending steps).
+func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {
+	_, err := reopen(ctx, store, reopenRequest{job: jobID, finish: true}, now)
+	return err
+}
+
+// reopen carries out r in one pass over one snapshot of the job (read
+// again only after a lost compare-and-set): the steps it reopens, the
+// skipped steps (pending again: the scheduler skips them again if another
+// dependency still failed) and the ended steps whose records carry the
+// retention TTL its job's end gave them (written as they are, without
+// it: a job reopened near its retention lost its succeeded steps' records
+// while it ran again, and the scheduler took them for steps never created
+// and ran them again; the job's next end gives it back) are written
+// pipelined, then the job record, running. The job record is written
+// even when the job is open: one whose steps had all ended may be writing
+// its terminal record (sealing), and that write must lose its
+// compare-and-set and read the reopened step, not end the job over it.
+// The job's write is at the revision the decision was taken on, so a
+// cancel that lands meanwhile is read again and refused, never undone.
+// It returns the steps it reopened (their writes landed), also on error.
+func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now time.Time) ([]string, error) {
+	var done []string // steps reopened by an earlier pass of this call
+	for range 8 {
+		snap, err := store.Load(ctx, r.job)
+		if err != nil {
+			return done, err
+		}
+		job := snap.Job
+		if err := refuse(job, r, len(done) > 0); err != nil {
+			return done, err
+		}
+		targets, stranded, err := pick(snap, r, done)
+		if err != nil {
+			return done, err
+		}
+		var (
+			writes  []*jobstore.Step // in snapshot order
+			target  = make(map[string]bool, len(targets))
+			skipped = map[string]bool{}
+		)
+		for _, id := range targets {
+			target[id] = true
+		}
+		for _, st := range snap.Steps {
+			switch {
+			case target[st.ID]:
+				st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
+				st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0
+				st.LastError = "reopened by an operator after: " + st.LastError
+				st.UpdatedAt = now
+			case st.State == jobstore.StepSkipped:
+				st.State, st.FinishedAt, st.LastError, st.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
+				skipped[st.ID] = true
+			case st.State.Terminal() && snap.Expiring[st.ID]:
+				// Written as it is (jobstore.StepWrite carries no TTL).
+			default:
+				continue
+			}
+			writes = append(writes, st)
+		}
+		conflict := false
+		if !job.Inline && len(writes) > 0 {
+			b := store.Batch()
+			for _, st := range writes {
+				b.Add(store.StepWrite(st, snap.Revs[st.ID]))
+			}
+			var failed error
+			for i, res := range b.Wait(ctx) {
+				id := writes[i].ID
+				switch {
+				case res.Err == nil:
+					if target[id] {
+						done = append(done, id)
+					}
+				case !errors.Is(res.Err, jobstore.ErrConflict):
+					if failed == nil {
+						failed = res.Err
+					}
+				case target[id] || skipped[id]:
+					// Someone else wrote the step meanwhile (a scheduler
+					// ending or sealing the job): read again. A skipped
+					// one left skipped would never run while the job,
+					// reopened, could end succeeded.
+					conflict = true
+				default:
+					// An ended step's TTL the scheduler takes back
+					// itself (unseal) once the job is open again.
+				}
+			}
+			switch {
+			case failed != nil && len(done) == 0:
+				return done, failed
+			case failed != nil:
+				// Some steps are reopened: their job is too, so they
+				// run, and the error says the rest were not.
+				if err := reopenJobRecord(ctx, store, snap, now); err != nil {
+					return done, fmt.Errorf("%w; nor was the job reopened: %w", failed, err)
+				}
+				return done, failed
+			case conflict:
+				continue
+			}
+		}
+		// An inline job's steps are in its record (snap.Steps are
+		// job.Steps): this one write reopens them all.
+		if err := reopenJobRecord(ctx, store, snap, now); errors.Is(err, jobstore.ErrConflict) {
+			continue
+		} else if err != nil {
+			if len(done) > 0 {
+				return done, fmt.Errorf("steps of job %s reopened, but not the job (retry the job to finish it): %w", r.job, err)
+			}
+			return done, err
+		}
+		if job.Inline {
+			done = append(done, targets...)
+		}
+		if len(done) == 0 && len(stranded) > 0 {
+			done = stranded
+		}
+		return done, nil
+	}
+	return done, fmt.Errorf("reopen job %s: %w", r.job, jobstore.ErrConflict)
+}
+
+// reopenJobRecord writes the job record of snap running (if it had
+// ended), at the revision read: a job whose steps had all ended and whose
+// scheduler is writing its end then loses that write's compare-and-set.
+// A job that lost it to a cancel is read again, and refused.
+func reopenJobRecord(ctx context.Context, store *jobstore.Store, snap *jobstore.Snapshot, now time.Time) error {
+	job := snap.Job
+	if job.State.Terminal() {
+		job.State, job.Desired, job.Error, job.FinishedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}
+	}
+	job.UpdatedAt = now
+	_, err := store.UpdateJob(ctx, job, snap.JobRev)
+	return err
+}
+
+// refuse says why the job's steps are not reopened: its compensation ran
+// or runs (its completed steps' effects were undone, and compensation is
+// planned once per job, so a reopened forward step would run beside the
+// undo, compensation_failed, or end the job succeeded with its work
+// undone, compensated: such a job is submitted again instead); it is
+// being cancelled, or, for a dead-letter retry, was cancelled; or, for a
+// job retry, it has not ended (again is true once this call reopened
+// steps: a scheduler may have reopened the job meanwhile).
+func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
+	cancelled := job.Desired == jobstore.JobCancelled || job.State == jobstore.JobCancelled
+	switch {
+	case job.State.Compensation():
+		return fmt.Errorf("%w: job %s is %s: its completed steps were undone, so its steps cannot be reopened; submit the job again",
+			ErrWrongState, job.ID, job.State)
+	case cancelled && (!job.State.Terminal() || r.keepCancel):
+		return &JobCancelledError{Job: job.ID, Step: r.step, State: job.State}
+	case r.step == "" && !r.finish && !again && !job.State.Terminal():
+		return fmt.Errorf("%w: job %s is %s: only a finished job can be retried", ErrWrongState, job.ID, job.State)
+	}
+	return nil
+}
+
+// pick returns the steps r reopens in snap, none of done; and, for a job
+// retry that finds none, the pending steps of a finished job (stranded:
+// reopened by a retry whose job write failed), whose reopen it finishes.
+func pick(snap *jobstore.Snapshot, r reopenRequest, done []string) (targets, stranded []string, err error) {
+	job := snap.Job
+	switch {
+	case r.finish:
+		return nil, nil, nil
+	case r.step != "":
+		if slices.Contains(done, r.step) {
+			return nil, nil, nil
+		}
+		i := slices.IndexFunc(snap.Steps, func(st *jobstore.Step) bool { return st.ID == r.step })
+		if i < 0 {
+			return nil, nil, fmt.Errorf("step %s.%s: %w", r.job, r.step, jobstore.ErrNotFound)
+		}
+		if st := snap.Steps[i]; !slices.Contains(r.from, st.State) {
+			return nil, nil, fmt.Errorf("%w: step %s.%s is %s, not %v", ErrWrongState, r.job, r.step, st.State, r.from)
+		}
+		return []string{r.step}, nil, nil
+	}
+	reopened := make(map[string]bool, len(done))
+	for _, id := range done {
+		reopened[id] = true
+	}
+	ofSpec := make(map[string]bool, len(job.Spec.Steps))
+	for _, sp := range job.Spec.Steps {
+		ofSpec[sp.ID] = true
+	}
+	for _, st := range snap.Steps {
+		switch {
+		case reopened[st.ID]:
+		case slices.Contains(r.from, st.State):
+			targets = append(targets, st.ID)
+		case st.State == jobstore.StepPending && job.State.Terminal() && ofSpec[st.ID]:
+			// Only a step of the job's spec, not a stray compensation record.
+			stranded = append(stranded, st.ID)
+		}
+	}
+	if len(targets) == 0 && len(stranded) == 0 && len(done) == 0 {
+		return nil, nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", ErrWrongState, r.job)
+	}
+	return targets, stranded, nil
+}
