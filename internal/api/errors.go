@@ -6,8 +6,14 @@ import (
 	"net/http"
 
 	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/spec"
 )
+
+// ReasonOutcomeUnknown refines timeout: a submission the server may have
+// stored (its publish got no answer, client.ErrOutcomeUnknown);
+// ErrorDetail.JobID names the job.
+const ReasonOutcomeUnknown = "outcome_unknown"
 
 // ErrorBody is the one error shape of the API (docs/api.md#errors).
 type ErrorBody struct {
@@ -22,8 +28,12 @@ type ErrorDetail struct {
 	Message string `json:"message"`
 	// Status repeats the HTTP status.
 	Status int `json:"status"`
-	// Reason refines invalid_argument for job specs (spec.Reason*).
+	// Reason refines invalid_argument for job specs (spec.Reason*), and
+	// timeout for a submission (ReasonOutcomeUnknown).
 	Reason string `json:"reason,omitempty"`
+	// JobID names the job a submission of unknown outcome
+	// (ReasonOutcomeUnknown) would be: look it up before submitting again.
+	JobID string `json:"job_id,omitempty"`
 	// Reopened lists the steps a job retry reopened before it failed
 	// (POST /jobs/{id}/retry): they run again; the others were not
 	// reopened.
@@ -45,6 +55,10 @@ func writeError(w http.ResponseWriter, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="warden"`)
 	}
 	d := ErrorDetail{Code: code, Message: err.Error(), Status: st, Reason: spec.ReasonOf(err)}
+	var ou *client.OutcomeUnknownError
+	if errors.As(err, &ou) {
+		d.Reason, d.JobID = ReasonOutcomeUnknown, ou.JobID
+	}
 	var pr *ops.PartialRetryError
 	if errors.As(err, &pr) {
 		d.Reopened = pr.Reopened

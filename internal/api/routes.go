@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"github.com/wardenhq/warden/internal/dlq"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -72,6 +74,17 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) error {
 }
 
 // submitJob takes a job spec, YAML or JSON, as the body.
+//
+// Shutdown ends the wait for the scheduler's confirmation: the job is
+// stored once the PubAck came, so it is answered 201, unconfirmed, within
+// the shutdown's grace, not cut off. Submit has one context for the
+// publish and that wait, so shutdown ends the wait for the PubAck too; the
+// publish itself is out of the API's hands by then (on the wire, or in the
+// connection's reconnect buffer while NATS restarts) and may be stored
+// after. The job is looked for (submitted) until the grace or the
+// request's deadline ends: found, 201 unconfirmed. A submission whose
+// outcome stays unknown is answered 504 timeout, reason outcome_unknown,
+// with its job_id: not a 500 that a client retries into a second job.
 func (s *Server) submitJob(w http.ResponseWriter, r *http.Request) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -80,17 +93,20 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request) error {
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return ops.Errorf(ops.CodeInvalid, "empty body: send a job spec (YAML or JSON)")
 	}
-	// The wait for the scheduler's confirmation ends when shutdown starts:
-	// the job is stored once the PubAck came, so it is answered 201,
-	// unconfirmed, within the shutdown's grace, not cut off.
 	sctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	if s.closing != nil {
 		defer context.AfterFunc(s.closing, cancel)()
 	}
 	rc, err := s.ops.SubmitJob(sctx, body)
-	if err != nil && rc.Sequence > 0 && r.Context().Err() == nil && sctx.Err() != nil {
+	cut := err != nil && r.Context().Err() == nil && sctx.Err() != nil
+	unknown := errors.Is(err, client.ErrOutcomeUnknown)
+	if cut && (rc.Sequence > 0 || (unknown && s.submitted(r.Context(), rc.JobID))) {
 		err, rc.Confirmed = nil, false
+	} else if unknown {
+		s.log.Warn().Err(err).Str("job_id", rc.JobID).Msg("submission of unknown outcome: the job may have been stored")
+		return &ops.Error{Code: ops.CodeTimeout, Err: err,
+			Msg: fmt.Sprintf("job %s may have been stored: look it up (GET %s/jobs/%s) before submitting the spec again", rc.JobID, Prefix, rc.JobID)}
 	}
 	if err != nil {
 		return err
@@ -102,6 +118,34 @@ func (s *Server) submitJob(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Location", Prefix+"/jobs/"+rc.JobID)
 	writeJSON(w, st, rc)
 	return nil
+}
+
+// submittedPoll is how often submitted looks for a job.
+const submittedPoll = 100 * time.Millisecond
+
+// submitted looks for job, whose publish was sent but not answered, until
+// it finds it (queued, held until its start, or made into a record: what
+// GET /jobs/{id} finds) or ctx ends, and at most until the shutdown's
+// grace leaves just the time to answer. Not finding it proves nothing:
+// the publish may still be in the connection's buffer.
+func (s *Server) submitted(ctx context.Context, job string) bool {
+	ctx, cancel := context.WithTimeout(ctx, shutdownGrace-answerMargin)
+	defer cancel()
+	for {
+		lctx, lcancel := context.WithTimeout(ctx, time.Second)
+		_, err := s.ops.Job(lctx, job)
+		lcancel()
+		if err == nil {
+			return true
+		}
+		t := time.NewTimer(submittedPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
 }
 
 // listJobs: ?state=a,b&since=1h&created_after=RFC3339&created_before=RFC3339&limit=N&cursor=C

@@ -124,7 +124,7 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 		return err
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
@@ -134,6 +134,14 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 	}
 	return nil
 }
+
+// shutdownGrace is how long Run's shutdown lets requests in progress
+// finish; it closes their connections then. answerMargin is what a request
+// that waits into the grace (submitted) leaves of it to answer.
+const (
+	shutdownGrace = 5 * time.Second
+	answerMargin  = time.Second
+)
 
 // ready reports whether the API can serve: NATS connected.
 func (s *Server) ready() error {
