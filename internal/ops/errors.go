@@ -153,7 +153,11 @@ func CodeOf(err error) Code {
 	case errors.Is(err, client.ErrNotFound), errors.Is(err, jobstore.ErrNotFound), errors.Is(err, dlq.ErrNotFound),
 		errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrMsgNotFound), errors.Is(err, protocol.ErrNotFound):
 		return CodeNotFound
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		// Whatever cut the wait (a timeout, a cancel, a dropped
+		// connection), the submission may be stored: a timeout, as the
+		// HTTP API answers it, never internal.
+		errors.Is(err, client.ErrOutcomeUnknown):
 		return CodeTimeout
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrNoServers),
 		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled):

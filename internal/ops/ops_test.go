@@ -340,3 +340,15 @@ func TestRetryFinishesAStrandedReopen(t *testing.T) {
 		t.Fatalf("job after the retry: %v %v", j.State, err)
 	}
 }
+
+// A submission whose outcome is unknown is a timeout whatever cut the wait
+// (the caller's cancel, a closed connection): the job may be stored, and
+// the micro endpoint and the CLI answer as the HTTP API does.
+func TestOutcomeUnknownIsATimeout(t *testing.T) {
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded, nats.ErrConnectionClosed} {
+		err := fmt.Errorf("submit: %w", &client.OutcomeUnknownError{JobID: "job-x", Err: cause})
+		if got := ops.CodeOf(err); got != ops.CodeTimeout {
+			t.Errorf("outcome unknown after %v: code %s, want %s", cause, got, ops.CodeTimeout)
+		}
+	}
+}
