@@ -132,22 +132,31 @@ func Eventually(t testing.TB, timeout time.Duration, msg string, cond func() boo
 // round trips then do not spread its submissions out.
 func PublishAll(t testing.TB, js jetstream.JetStream, msgs ...*nats.Msg) {
 	t.Helper()
-	acks := make([]jetstream.PubAckFuture, 0, len(msgs))
-	for _, m := range msgs {
-		f, err := js.PublishMsgAsync(m)
-		if err != nil {
-			t.Fatalf("publish %s: %v", m.Subject, err)
-		}
-		acks = append(acks, f)
-	}
+	// In windows well below the client's limit of outstanding async
+	// publishes (4,000 by default): past it a publish waits 200 ms for
+	// room and then fails, which a server slowed by a busy machine
+	// (make test on 2 cores) did not always give.
+	const window = 1024
 	timeout := time.After(30 * time.Second)
-	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatalf("publish %s: %v", f.Msg().Subject, err)
-		case <-timeout:
-			t.Fatalf("no PubAck for %s in 30s", f.Msg().Subject)
+	for len(msgs) > 0 {
+		n := min(len(msgs), window)
+		acks := make([]jetstream.PubAckFuture, 0, n)
+		for _, m := range msgs[:n] {
+			f, err := js.PublishMsgAsync(m)
+			if err != nil {
+				t.Fatalf("publish %s: %v", m.Subject, err)
+			}
+			acks = append(acks, f)
 		}
+		for _, f := range acks {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatalf("publish %s: %v", f.Msg().Subject, err)
+			case <-timeout:
+				t.Fatalf("no PubAck for %s in 30s", f.Msg().Subject)
+			}
+		}
+		msgs = msgs[n:]
 	}
 }
