@@ -52,6 +52,14 @@ func (s *Step) Dispatch(agent, token string, now time.Time, grace time.Duration)
 // stored, and every dispatch adds an attempt. A record that outgrew the
 // limit could no longer be written: its result was redelivered forever.
 const (
+	// MaxFreeReroutes is how many refusals in a row by members of its
+	// cluster a step is routed again after without counting an attempt
+	// (about 5 s of refusals at the scheduler's reroute delay): enough for
+	// a router's view to catch up with a leadership change. Past it a
+	// refusal counts as a retriable failure, so that a member refusing
+	// for good (a definition it cannot read) ends the step through its
+	// retries instead of routing it four times a second for ever.
+	MaxFreeReroutes = 20
 	// MaxAttempts is how many of a step's latest dispatches its record
 	// keeps (Attempts; their epochs say which).
 	MaxAttempts = 50
@@ -97,6 +105,7 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 			ErrStale, s.JobID, s.ID, s.State, s.Epoch, r.Epoch, r.Agent)
 	}
 	s.UpdatedAt = now
+	freeReroute := s.FreeReroute(r)
 	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch {
 		a := &s.Attempts[n-1]
 		if !r.StartedAt.IsZero() {
@@ -109,7 +118,7 @@ func (s *Step) ApplyResult(r protocol.Result, retriable bool, now time.Time) (Ou
 		a.Class = r.ErrorClass
 	}
 	s.LockedUntil = time.Time{}
-	if r.Status != protocol.ResultSucceeded && r.ErrorClass == protocol.ClassReroute && s.Desired != StepCancelled {
+	if freeReroute {
 		// A cluster member refused the task (docs/clusters.md): it ran
 		// nothing, so this dispatch is not an attempt; route it again.
 		s.State, s.Actor, s.LastError = StepPending, "", clip(r.Error, MaxLastErrorBytes)
@@ -293,4 +302,27 @@ func Evaluate(steps []*Step) Plan {
 		p.State = JobSucceeded
 	}
 	return p
+}
+
+// FreeReroute reports whether r, a failed result, is a refusal by a member
+// of the step's cluster that sends it to be routed again without counting
+// an attempt: the step is a cluster step (a reroute from any other agent
+// is a failure like another), not being cancelled, and fewer than
+// MaxFreeReroutes of its latest dispatches before this one were refused.
+func (s *Step) FreeReroute(r protocol.Result) bool {
+	if r.Status == protocol.ResultSucceeded || r.ErrorClass != protocol.ClassReroute || s.Cluster == "" || s.Desired == StepCancelled {
+		return false
+	}
+	refused := 0
+	for i := len(s.Attempts) - 1; i >= 0 && refused < MaxFreeReroutes; i-- {
+		a := s.Attempts[i]
+		if a.Epoch == r.Epoch {
+			continue // this dispatch's own, not yet judged
+		}
+		if a.Class != protocol.ClassReroute {
+			break
+		}
+		refused++
+	}
+	return refused < MaxFreeReroutes
 }

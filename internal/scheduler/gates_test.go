@@ -11,6 +11,8 @@ import (
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/client"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/test/handagent"
@@ -130,3 +132,24 @@ func TestCancelledWaiterLeavesTheKeysQueue(t *testing.T) {
 	release()
 	b.waitJobWithin(t, "job-q3", jobstore.JobSucceeded, 10*time.Second)
 }
+
+// An agent outside a cluster that answers every task with the class
+// reroute (a member's refusal: here a handler error that names the class)
+// fails the step through its retries: the scheduler routed it again four
+// times a second for ever, counting nothing.
+func TestRerouteOutsideAClusterEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "refuser", Pool: "default"})
+	a.Script(func(context.Context, *agent.Task) (any, error) { return nil, refusal{} })
+	b.submitNoReply(t, []byte(`{"name":"r","steps":[{"id":"s","action":"echo","max_retries":1,"retry":{"base_backoff":"10ms","max_backoff":"10ms"}}]}`), "job-refused")
+	job := b.waitJobWithin(t, "job-refused", jobstore.JobFailed, 15*time.Second)
+	t.Logf("job %s: %s", job.State, job.Error)
+}
+
+// refusal is an error of class reroute.
+type refusal struct{}
+
+func (refusal) Error() string      { return "not mine" }
+func (refusal) ErrorClass() string { return protocol.ClassReroute }

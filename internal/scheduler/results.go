@@ -143,8 +143,15 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		w.s.rejectResult(jt, k, reasonWrongToken, fmt.Errorf("the result does not carry step %s.%s's lease token for epoch %d", r.JobID, r.StepID, r.Epoch), r)
 		return
 	}
-	decision, delay, again := w.s.retry.Decide(st.Action, st.Retry, max(st.Attempt-1, 0), r.ErrorClass, r.Error, r.RetryAfter.Std(), rand.Float64)
-	if r.ErrorClass == protocol.ClassReroute {
+	class := r.ErrorClass
+	reroute := st.FreeReroute(*r)
+	if class == protocol.ClassReroute && !reroute {
+		// Refused too often in a row, or by an agent outside a cluster: a
+		// retriable failure that counts an attempt (jobstore.MaxFreeReroutes).
+		class = protocol.ClassRetriable
+	}
+	decision, delay, again := w.s.retry.Decide(st.Action, st.Retry, max(st.Attempt-1, 0), class, r.Error, r.RetryAfter.Std(), rand.Float64)
+	if reroute {
 		// A cluster member refused it (cluster.go): route it again shortly.
 		delay = rerouteDelay
 	}
@@ -155,6 +162,8 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	}
 	if r.Status != protocol.ResultSucceeded {
 		if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == r.Epoch && r.ErrorClass != protocol.ClassReroute {
+			// A refusal keeps its class: the refusals in a row are counted
+			// by it (jobstore.Step.FreeReroute).
 			st.Attempts[n-1].Class = decision.Class
 		}
 		if outcome == jobstore.OutcomeRetry {
