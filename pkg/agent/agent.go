@@ -43,6 +43,7 @@ type Agent struct {
 	js           jetstream.JetStream
 	cons         jetstream.Consumer
 	ghosts       ghostCheck // only dispatch touches it
+	depth        depthProbe // only dispatch touches it
 	shard        int
 	host         string
 	startedAt    time.Time

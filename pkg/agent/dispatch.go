@@ -37,19 +37,21 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 	backoff := minFetchBackoff
 	alone := true      // until the consumer shows no delivery this run lacks
 	recreated := false // the consumer, since the last pull that did not fail
+	// Held back, the loop keeps the queue depth true (depth.go).
+	tick := time.NewTicker(a.cfg.HeartbeatInterval.Std())
+	defer tick.Stop()
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-fetchCtx.Done():
+		if !a.takeSlot(fetchCtx, slots, tick.C) {
 			return
 		}
 		if a.heldBack(slots) {
 			// Drained by an operator, or over a limit the supervisor
 			// lowered: asked once a slot is taken, so that a drain that
 			// came while every slot was busy holds too. Looked at again
-			// every 100 ms; at max_concurrent the send above waits for a
-			// free slot by itself.
+			// every 100 ms; at max_concurrent takeSlot waits for a free
+			// slot by itself.
 			<-slots
+			a.probeDepth(fetchCtx)
 			if !sleepCtx(fetchCtx, 100*time.Millisecond) {
 				return
 			}
@@ -140,6 +142,7 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 		return 0, nil, err
 	}
 	got := 0
+	measured := false // the queue depth, by this request (depth.go)
 	var suspects []chan struct{}
 	for msg := range batch.Messages() {
 		got++
@@ -148,6 +151,7 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 		var delivery uint64 = 1
 		if md, err := msg.Metadata(); err == nil {
 			a.stats.queueDepth.Store(int64(md.NumPending)) // still waiting on the consumer
+			measured = true
 			delivery = md.NumDelivered
 		}
 		if fetchCtx.Err() != nil {
@@ -170,6 +174,10 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 	}
 	if got < n && !errors.Is(fctx.Err(), context.Canceled) {
 		a.stats.queueDepth.Store(0) // the request ended short: nothing was waiting
+		measured = true
+	}
+	if measured {
+		a.depthMeasured()
 	}
 	return got, suspects, batch.Error()
 }

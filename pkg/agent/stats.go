@@ -28,6 +28,7 @@ type counters struct {
 	handedBack atomic.Uint64
 	// queueDepth is the pending count of the last task fetched (0 after a
 	// pull that found nothing): the tasks still waiting on the consumer.
+	// Held back (no pulls), the consumer's info refreshes it (depth.go).
 	queueDepth atomic.Int64
 	// health is the self-reported health's float64 bits plus one, so that
 	// the zero value means "not set" (reported as 1).

@@ -87,7 +87,8 @@ type Presence struct {
 	// its regularity against it.
 	HeartbeatInterval Duration `json:"heartbeat_interval,omitempty"`
 	// QueueDepth is how many tasks wait for the agent on its consumer, as
-	// of its last fetch (the pending count of the last task delivered).
+	// of its last fetch (the pending count of the last task delivered), or,
+	// while it is held back and not fetching, of its consumer's info.
 	QueueDepth int `json:"queue_depth,omitempty"`
 	// Utilisation is the agent's resource utilisation, 0..1: the busiest of
 	// its CPU use (process and finished children, of the CPUs it may use;
