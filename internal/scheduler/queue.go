@@ -51,7 +51,12 @@ type input struct {
 	// submission is refused and a large result (every result, the second
 	// time) fails its step without its output (retry).
 	tooLarge int
-	at       time.Time
+	// slotFreed says a result's agent slot was given back to the selector
+	// already (applyResult): a turn retried after a lost compare-and-set
+	// applies the result again, and released it twice, one task beyond
+	// the agent's max_concurrent until its next heartbeat.
+	slotFreed bool
+	at        time.Time
 }
 
 // queue is a worker's unbounded FIFO of inputs. It never blocks the

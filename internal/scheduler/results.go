@@ -172,8 +172,12 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	}
 	js.markStep(i)
 	w.s.metrics.ResultApplied(r.Status)
-	// The agent has a free slot again, whatever its last heartbeat says.
-	w.s.release(st.Pool, r.Agent, r.FinishedAt)
+	// The agent has a free slot again, whatever its last heartbeat says:
+	// once, however often a lost compare-and-set applies the result again.
+	if !jt.inputs[k].slotFreed {
+		jt.inputs[k].slotFreed = true
+		w.s.release(st.Pool, r.Agent, r.FinishedAt)
+	}
 	jt.freed = append(jt.freed, i) // once the step's write landed: the copy judged may be stale
 	switch outcome {
 	case jobstore.OutcomeSucceeded:
