@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/wardenhq/warden/internal/concurrency"
+	"github.com/wardenhq/warden/internal/health"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
@@ -153,3 +155,53 @@ type refusal struct{}
 
 func (refusal) Error() string      { return "not mine" }
 func (refusal) ErrorClass() string { return protocol.ClassReroute }
+
+// An agent's assessment that ages out of the health bucket (no supervisor
+// leader rewrites it) is forgotten by running schedulers: the bucket aged
+// records out without a word to watchers, and an agent once judged
+// critical stayed excluded in every running scheduler (while one started
+// later took it for healthy).
+func TestExpiredAssessmentIsForgotten(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	ctx := context.Background()
+	// The bucket as the scheduler made it, with records aging out in 2 s.
+	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxAge, cfg.Duplicates = 2*time.Second, time.Second
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	agenttest.StartAgent(t, b.nc, agent.Config{ID: "judged", Pool: "default"})
+	kv, err := b.js.KeyValue(ctx, protocol.BucketHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := health.Record{Agent: "judged", Pool: "default", Assessment: health.Assessment{Score: 0.1, Level: health.Critical, AssessedAt: time.Now().UTC()}}
+	if _, err := kv.Put(ctx, rec.Key(), mustJSON(t, rec)); err != nil {
+		t.Fatal(err)
+	}
+	// A job submitted once the scheduler has the assessment waits: the
+	// watch is asynchronous, so a job submitted before it may run at once.
+	var id string
+	for n := 0; id == ""; n++ {
+		if n == 20 {
+			t.Fatal("no job waited for the critical agent")
+		}
+		probe := fmt.Sprintf("job-judged-%02d", n)
+		b.submitNoReply(t, []byte(`{"name":"h","steps":[{"id":"s","action":"echo"}]}`), probe)
+		deadline := time.Now().Add(2 * time.Second)
+		for time.Now().Before(deadline) && id == "" {
+			st, _, err := b.store.Step(ctx, probe, "s")
+			if err == nil && st.State == jobstore.StepPending && strings.Contains(st.Waiting, "critical") {
+				id = probe
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	b.waitJobWithin(t, id, jobstore.JobSucceeded, 15*time.Second)
+}
