@@ -13,4 +13,11 @@
 //   - Standbys watch the key and campaign as soon as it is deleted or
 //     expires, so a takeover happens within TTL plus the expiry marker's
 //     delay (about 200–350 ms) of the leader's death.
+//   - A candidate campaigns until its context ends, through any outage:
+//     a failed watch or Create (the server down or restarting, a request
+//     timed out) is retried with a backoff from 50 ms up to TTL/4, as the
+//     connection reconnects forever. A leader that stepped down because
+//     the server went away therefore leads again once it is back. Run
+//     returns an error only for what no retry mends: a closed connection,
+//     or a key the server refuses (New rejects such a key up front).
 package lease

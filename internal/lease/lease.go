@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
@@ -33,6 +36,15 @@ type Config struct {
 	RenewEvery time.Duration
 }
 
+// keyRe and validKey are the rule jetstream applies to a key it writes
+// (nats.go kv.go keyValid): checked in New, so a key the server would
+// refuse on every campaign is a configuration error, not a retry forever.
+var keyRe = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
+
+func validKey(k string) bool {
+	return k != "" && k[0] != '.' && k[len(k)-1] != '.' && !strings.Contains(k, "..") && keyRe.MatchString(k)
+}
+
 // Elector campaigns for a lease and runs work while it holds it.
 type Elector struct {
 	kv  jetstream.KeyValue
@@ -49,6 +61,9 @@ type Elector struct {
 func New(kv jetstream.KeyValue, cfg Config, log zerolog.Logger) (*Elector, error) {
 	if cfg.Key == "" || cfg.ID == "" {
 		return nil, errors.New("lease: key and id are required")
+	}
+	if !validKey(cfg.Key) {
+		return nil, fmt.Errorf("lease: key %q is not a valid key: letters, digits and - / _ = in dot-separated tokens", cfg.Key)
 	}
 	if cfg.TTL <= 0 {
 		return nil, errors.New("lease: ttl must be positive")
@@ -78,6 +93,13 @@ func (e *Elector) Leader() (uint64, bool) {
 // cancelled when leadership is lost; Run waits for lead to return before
 // campaigning again. On exit a held lease is released so a standby takes
 // over without waiting for the TTL.
+//
+// Run returns nil when ctx ends. Every other failure (the server down or
+// restarting, a request timing out, JetStream not ready yet) is retried
+// with a backoff, however long it lasts: the connection reconnects forever
+// and so does the campaign. Run returns an error only for a failure that
+// no retry can mend (see permanent): the connection was closed by its
+// owner, or the key is one the server refuses.
 func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, epoch uint64)) error {
 	for {
 		rev, err := e.campaign(ctx)
@@ -94,34 +116,90 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, epoch 
 	}
 }
 
+// permanent reports whether err is a failure no retry can mend: a closed
+// connection never reconnects (its owner closed it, or it gave up), and an
+// invalid key (New checks it; this is a safety net should the server's
+// rule be stricter) is refused every time.
+func permanent(err error) bool {
+	return errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, jetstream.ErrInvalidKey)
+}
+
+// retryDelay is how long campaign waits before its next Create after
+// failures consecutive failures (0: the last attempt found the key held).
+// A held key is tried again every TTL/4 (the watch normally wakes the
+// candidate sooner; the timer covers a missed marker). Failures back off
+// from 50 ms, doubling up to the same TTL/4, so a candidate whose server
+// just came back campaigns at once and one whose server stays down does
+// not hammer it.
+func retryDelay(ttl time.Duration, failures int) time.Duration {
+	ceiling := max(ttl/4, minRetry)
+	if failures <= 0 {
+		return ceiling
+	}
+	d := minRetry
+	for i := 1; i < failures && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling)
+}
+
+// minRetry is the first backoff after a failure.
+const minRetry = 50 * time.Millisecond
+
 func (e *Elector) value() []byte {
 	host, _ := os.Hostname()
 	b, _ := json.Marshal(Holder{ID: e.cfg.ID, Host: host, PID: os.Getpid(), Renewed: e.now().UTC()})
 	return b
 }
 
-// campaign returns the revision of a won Create.
+// campaign returns the revision of a won Create. It returns an error only
+// when ctx ends or on a permanent failure; every other failure, of the
+// watch or of a Create, is retried with retryDelay's backoff.
 func (e *Elector) campaign(ctx context.Context) (uint64, error) {
-	w, err := e.kv.Watch(ctx, e.cfg.Key, jetstream.UpdatesOnly())
-	if err != nil {
-		return 0, fmt.Errorf("watch lease %s: %w", e.cfg.Key, err)
+	var w jetstream.KeyWatcher
+	var updates <-chan jetstream.KeyValueEntry
+	stop := func() {
+		if w != nil {
+			_ = w.Stop()
+			w, updates = nil, nil
+		}
 	}
-	defer func() { _ = w.Stop() }()
+	defer stop()
 	retry := time.NewTimer(0)
 	defer retry.Stop()
+	failures := 0
 	logged := false
-	updates := w.Updates()
 	for {
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-retry.C:
+			if w != nil {
+				break
+			}
+			// Watch before each timed Create until a watch stands, so a
+			// delete after a failed Create wakes us. Creating the watch
+			// waits for the server (up to the JetStream timeout, 5 s,
+			// when it is down); on a failure the timer campaigns and the
+			// watch is tried again at its next wake.
+			nw, err := e.kv.Watch(ctx, e.cfg.Key, jetstream.UpdatesOnly())
+			switch {
+			case err == nil:
+				w, updates = nw, nw.Updates()
+			case ctx.Err() != nil:
+				return 0, ctx.Err()
+			case permanent(err):
+				return 0, fmt.Errorf("watch lease %s: %w", e.cfg.Key, err)
+			default:
+				e.log.Warn().Err(err).Msg("lease watch failed; retrying")
+			}
 		case u, ok := <-updates:
 			if !ok {
-				// The watch ended (its connection closed): a closed channel
-				// is always ready and the loop spun a core. The timer
-				// campaigns from now on.
-				updates = nil
+				// The watch ended (its connection closed, or its
+				// consumer could not be recreated): a closed channel is
+				// always ready and the loop spun a core. The timer, always
+				// armed here, campaigns and watches anew.
+				stop()
 				continue
 			}
 			if u == nil || u.Operation() == jetstream.KeyValuePut {
@@ -131,23 +209,30 @@ func (e *Elector) campaign(ctx context.Context) (uint64, error) {
 		}
 		start := e.now()
 		rev, err := e.kv.Create(ctx, e.cfg.Key, e.value())
-		if err == nil {
+		switch {
+		case err == nil:
 			e.mu.Lock()
 			e.epoch, e.validTo = rev, start.Add(e.cfg.TTL)
 			e.mu.Unlock()
 			return rev, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			e.log.Warn().Err(err).Msg("lease campaign failed; retrying")
-		} else if !logged {
-			if cur, gerr := e.kv.Get(ctx, e.cfg.Key); gerr == nil {
-				e.log.Info().RawJSON("leader", cur.Value()).Msg("standing by")
+		case ctx.Err() != nil:
+			return 0, ctx.Err()
+		case errors.Is(err, jetstream.ErrKeyExists):
+			failures = 0
+			if !logged {
+				if cur, gerr := e.kv.Get(ctx, e.cfg.Key); gerr == nil {
+					e.log.Info().RawJSON("leader", cur.Value()).Msg("standing by")
+				}
+				logged = true
 			}
-			logged = true
+		case permanent(err):
+			return 0, fmt.Errorf("create lease %s: %w", e.cfg.Key, err)
+		default:
+			failures++
+			e.log.Warn().Err(err).Int("failures", failures).Msg("lease campaign failed; retrying")
 		}
-		// The watch normally wakes us; the timer covers a missed marker.
 		retry.Stop()
-		retry.Reset(e.cfg.TTL / 4)
+		retry.Reset(retryDelay(e.cfg.TTL, failures))
 	}
 }
 
