@@ -24,7 +24,9 @@ const (
 	DefaultSyncInterval        = 2 * time.Second
 	DefaultRebalance           = protocol.RebalanceAuto
 
-	// minLease is the smallest per-key TTL the server accepts.
+	// minLease is the smallest per-key TTL the server accepts; it counts
+	// a key's TTL in whole seconds (a lease_duration must be whole
+	// seconds).
 	minLease = time.Second
 )
 
@@ -144,8 +146,12 @@ func Validate(d protocol.ClusterDefinition) error {
 	if d.Failover.MaxTransferRetries < 0 {
 		bad("failover.max_transfer_retries must not be negative, got %d", d.Failover.MaxTransferRetries)
 	}
-	if d.Election.LeaseDuration.Std() < minLease {
+	switch ld := d.Election.LeaseDuration.Std(); {
+	case ld < minLease:
 		bad("leader_election.lease_duration must be at least %s, got %s", minLease, d.Election.LeaseDuration)
+	case ld%time.Second != 0:
+		bad("leader_election.lease_duration must be a whole number of seconds (the server keeps a key's TTL in whole seconds: %s would last %s), got %s",
+			ld, ld.Truncate(time.Second), d.Election.LeaseDuration)
 	}
 	if d.StateSync.Interval.Std() < 100*time.Millisecond {
 		bad("state_sync.interval must be at least 100ms, got %s", d.StateSync.Interval)

@@ -16,8 +16,10 @@
 // Guarantees:
 //   - At most one member holds the lease at a time (Create wins, CAS renews,
 //     a per-key TTL frees it); a holder that cannot prove a renewal younger
-//     than the lease duration considers itself deposed at once, even before
-//     its renewal fails (a SIGSTOPped leader wakes up deposed).
+//     than the key lives on the server (the lease duration in whole
+//     seconds, at most the leases bucket's max age) considers itself
+//     deposed at once, even before its renewal fails (a SIGSTOPped leader
+//     wakes up deposed).
 //   - Every state is written by CAS on the previous state's revision by a
 //     lease holder, and its epoch never decreases; under one epoch a target
 //     has exactly one owner (sharded) and the cluster one leader

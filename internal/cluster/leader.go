@@ -202,7 +202,10 @@ func (m *Member) lead(ctx context.Context) {
 
 // renewLoop renews the lease every third of its TTL until ctx ends, and
 // reports a failed renewal on lost. The interval is taken afresh after
-// every renewal, so a changed lease_duration applies from the next one.
+// every renewal, so a changed lease_duration applies from the next one;
+// after each renewal the leases bucket's max age is read again (one
+// stream info, well inside the lease), so a lowered one cuts the hold at
+// once and the TTL from the next renewal.
 func (m *Member) renewLoop(ctx context.Context, lost chan<- error) {
 	t := time.NewTimer(m.lease.renewEvery())
 	defer t.Stop()
@@ -221,6 +224,16 @@ func (m *Member) renewLoop(ctx context.Context, lost chan<- error) {
 				lost <- err
 			}
 			return
+		}
+		rctx, cancel = context.WithTimeout(ctx, every/4)
+		before, after, err := m.lease.recap(rctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			m.log.Debug().Err(err).Msg("leases bucket's max age not read again; keeping the last one")
+		case after != before:
+			m.log.Warn().Stringer("was", before).Stringer("now", after).
+				Msg("the leases bucket's max age (the supervisor's lease_ttl) changed: the lease lives as long as it allows")
 		}
 		t.Reset(m.lease.renewEvery())
 	}

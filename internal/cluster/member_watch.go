@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -53,14 +54,25 @@ func (m *Member) apply(e watch.Event) {
 			return
 		}
 		d, err := Decode(e.Entry.Value())
-		if err != nil || Validate(d) != nil {
+		if ld := d.Election.LeaseDuration.Std(); err == nil && ld > minLease && ld%time.Second != 0 {
+			// Stored before fractions were refused (or by hand): the
+			// server would keep the lease only the whole seconds, so that
+			// is the lease_duration, not a reason to leave the cluster.
+			d.Election.LeaseDuration = protocol.Duration(ld.Truncate(time.Second))
+			m.log.Warn().Stringer("lease_duration", ld).Stringer("used", d.Election.LeaseDuration).
+				Msg("lease_duration is not a whole number of seconds: using the whole seconds")
+		}
+		if err == nil {
+			err = Validate(d)
+		}
+		if err != nil {
 			m.log.Warn().Err(err).Msg("ignoring an invalid cluster definition")
 			return
 		}
 		m.def = &d
 		if got := m.lease.setTTL(d.Election.LeaseDuration.Std()); got < d.Election.LeaseDuration.Std() {
 			m.log.Warn().Stringer("lease_duration", d.Election.LeaseDuration).Stringer("used", got).
-				Msg("lease_duration is above the leases bucket's TTL (the supervisor's lease_ttl): using the bucket's")
+				Msg("lease_duration is above the leases bucket's TTL (the supervisor's lease_ttl): using what the bucket keeps")
 		}
 	case rest == "state":
 		if !put {

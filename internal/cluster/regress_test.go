@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/cluster"
@@ -411,5 +412,38 @@ func TestLeaseLongerThanTheBucketsTTLHasOneLeader(t *testing.T) {
 		if v := leader.m.View(); !v.IsLeader || v.Epoch != epoch {
 			t.Fatalf("the leader lost its lease: leader=%v epoch %d -> %d", v.IsLeader, epoch, v.Epoch)
 		}
+	}
+}
+
+// A definition stored with a lease_duration that is not whole seconds
+// (before that was refused, or written by hand) is still followed, with
+// the whole seconds: the lease key carries the TTL the server keeps, the
+// one its holder counts on, not "1.5s" (which the server keeps 1 s).
+func TestStoredFractionalLeaseDurationUsesWholeSeconds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := cluster.WithDefaults(protocol.ClusterDefinition{Name: "fr", Mode: protocol.ModeActivePassive})
+	d.Membership.FailureThreshold = protocol.Duration(time.Second)
+	d.Election.LeaseDuration = protocol.Duration(1500 * time.Millisecond)
+	raw, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.KV().Put(ctx, "fr", raw); err != nil {
+		t.Fatal(err)
+	}
+	a := b.start(t, "fr", "a")
+	b.leaderOf(t, a)
+	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := s.GetLastMsgForSubject(ctx, "$KV."+protocol.BucketLeases+"."+protocol.ClusterLeaseKey("fr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := msg.Header.Get(jetstream.MsgTTLHeader); got != "1s" {
+		t.Fatalf("the lease key carries TTL %q, want \"1s\" (lease_duration 1500ms, kept in whole seconds)", got)
 	}
 }
