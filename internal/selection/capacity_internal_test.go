@@ -1,9 +1,11 @@
 package selection
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,4 +198,68 @@ func TestCapacityReadsNoAgent(t *testing.T) {
 		t.Fatalf("Capacity = %d with the set's members out of its reach, want %d: it walks the agents instead of keeping the sum",
 			got, 5000*4)
 	}
+}
+
+// TestRequiresReadsNoAgent: a step with required capabilities whose
+// matching agents are all full waits, and the scheduler retries it (and
+// peeks for it under a backlog) while the presence watch waits for the
+// same lock; a step requiring a capability no agent has waits too. Past
+// the first decision (which may build what the later ones read), neither
+// answer may walk the 5,000 agents offering the action: hiding every
+// set's members from the selector (each set keeps its size, its members
+// are replaced by an agent of another pool) shows it. The answers are the same:
+// ErrAtCapacity for the first, and for the second ErrNoAgent saying who
+// lacks what. The selector used to walk the whole set for both, on every
+// decision (about 130 µs each here).
+func TestRequiresReadsNoAgent(t *testing.T) {
+	t.Parallel()
+	s := New()
+	for i := range 5000 {
+		s.Observe(protocol.Presence{ID: fmt.Sprintf("a%04d", i), Pool: "p", Actions: []string{"echo"},
+			Capabilities: []string{"linux"}, MaxConcurrent: 4, InFlight: 4, Draining: i%500 == 0, HeartbeatAt: time.Now()})
+	}
+	full := Request{Pool: "p", Action: "echo", Requires: []string{"linux"}}
+	none := Request{Pool: "p", Action: "echo", Requires: []string{"gpu"}}
+	const why = "(excluded: 10 draining, 4990 missing capabilities)"
+	check := func(when string) {
+		t.Helper()
+		if _, err := s.Choose(full); !errors.Is(err, ErrAtCapacity) {
+			t.Fatalf("%s: every linux agent full: %v, want ErrAtCapacity", when, err)
+		}
+		_, err := s.Choose(none)
+		if !errors.Is(err, ErrNoAgent) || errors.Is(err, ErrAtCapacity) || !strings.Contains(err.Error(), why) {
+			t.Fatalf("%s: no gpu agent: %v, want ErrNoAgent %s", when, err, why)
+		}
+	}
+	check("first decisions")
+
+	// Each set keeps its size, but every member is a stranger (an agent of
+	// another pool): a walk finds no agent to count.
+	stranger := &entry{key: agentKey{"q", "stranger"}, p: protocol.Presence{ID: "stranger", Pool: "q"}}
+	hide := func(st *set, hidden map[*set][]*entry) {
+		hidden[st] = st.all
+		st.all = make([]*entry, len(st.all))
+		for i := range st.all {
+			st.all[i] = stranger
+		}
+	}
+	s.mu.Lock()
+	hidden := map[*set][]*entry{}
+	for _, st := range s.sets {
+		hide(st, hidden)
+	}
+	for _, vs := range s.views {
+		for _, v := range vs {
+			hide(&v.set, hidden)
+		}
+	}
+	s.mu.Unlock()
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for st, all := range hidden {
+			st.all = all
+		}
+	})
+	check("with every set's members out of its reach (a walk finds no agent)")
 }

@@ -20,7 +20,8 @@ const (
 	// StrategyLeastLoaded picks the lowest (in flight + assigned) /
 	// max_concurrent.
 	StrategyLeastLoaded Strategy = "least_loaded"
-	// StrategyRoundRobin takes the agents in turn, by id.
+	// StrategyRoundRobin takes the agents in turn, by id, each kind of step
+	// (action and required capabilities) on its own turn.
 	StrategyRoundRobin Strategy = "round_robin"
 	// StrategyAffinity prefers agents whose labels hold every wanted label
 	// (the pool's affinity, then the request's labels); score among them,

@@ -17,20 +17,34 @@
 // evaluated whole, so every strategy decides exactly as defined below; in
 // larger sets round_robin and standby walk the set in id order (still exact)
 // and score, least_loaded and affinity take the best of 8 open agents drawn
-// at random (the power of d choices). Affinity draws from whichever of the
-// step's set and the wanted labels' sets has the fewest open agents and
-// keeps the draws that match the action, capabilities and labels alike;
-// when none does, a view of exactly the agents matching that query, built
-// on that first miss and then kept up to date like the sets (at most 64
-// views, least recently used dropped), answers, so affinity turns to other
-// agents only when no matching one is open. When every eligible agent is
-// full the answer (ErrAtCapacity) comes from the sets' counts without
-// looking at any agent, and Capacity (the slots of the agents offering an
-// action) is a running sum the sets keep. The exact evaluation remains the
-// fallback that finds the precise reason an agent is missing.
+// at random (the power of d choices). No set holds the agents that offer an
+// action and have every required capability; when such a step's smallest
+// set is larger than 64 and the draws from it miss (the matching agents are
+// rare among its open ones, or all full) or nothing of it is open, a view
+// of exactly the agents matching the query (pool, action, capabilities), built by one walk of that set and
+// then kept up to date like the sets, decides that step and every later
+// one like it. Affinity draws from whichever of the step's set and the
+// wanted labels' sets has the fewest open agents and keeps the draws that
+// match the action, capabilities and labels alike; when none does, the view
+// of that query (labels included) answers, so affinity turns to other
+// agents only when no matching one is open. At most 64 views are kept,
+// least recently used dropped. When every eligible agent is full the answer
+// (ErrAtCapacity) comes from the counts of the action's set, or of the
+// query's view when capabilities are required, without looking at any
+// agent (the first such decision of a query may build its view, which
+// later ones reuse while it is among the 64 kept); when capabilities are
+// required and none is eligible, the reasons come from counts too, walking
+// only the matching agents (all excluded) for their health levels.
+// Capacity (the slots
+// of the agents offering an action) is a running sum the sets keep. The
+// exact evaluation remains the fallback that finds the precise reason an
+// agent is missing.
 //
 // Among them the pool's strategy decides: score (default), least_loaded,
-// round_robin, affinity or standby (see Strategy). The score is
+// round_robin, affinity or standby (see Strategy). round_robin keeps a turn
+// per kind of step (pool, action, required capabilities; at most 1,024,
+// least recently moved dropped), so one kind of step never moves another's
+// turn. The score is
 //
 //	success_rate / (1 + in_flight / max_concurrent) × health factor
 //

@@ -54,6 +54,9 @@ type set struct {
 	all      []*entry // sorted by id
 	open     []*entry // eligible and not full; unordered
 	eligible int      // members neither draining nor excluded by health
+	// draining counts the draining members: with eligible and the member
+	// count it says, without a walk, why a step waits (see noneEligible).
+	draining int
 	// capacity is the sum of the eligible members' max_concurrent (at
 	// least 1 each), kept as they join, leave and change, so that Capacity,
 	// which the scheduler asks for every step of a multi-step job, is one
@@ -80,6 +83,7 @@ type entry struct {
 	assessed bool
 	factor   float64
 	eligible bool // not draining, health factor above 0
+	draining bool // as counted in its sets' draining (refresh)
 	open     bool // eligible and not full
 	// slots is what the agent adds to each of its sets' capacity: its
 	// capacity() while eligible, else 0. refresh keeps it current; join
@@ -157,6 +161,9 @@ func enter(st *set, e *entry) {
 	if e.eligible {
 		st.eligible++
 	}
+	if e.draining {
+		st.draining++
+	}
 	st.capacity += e.slots
 	if e.open {
 		m.openAt = len(st.open)
@@ -203,6 +210,9 @@ func (s *Selector) leave(e *entry) {
 		if e.eligible {
 			m.s.eligible--
 		}
+		if e.draining {
+			m.s.draining--
+		}
 		m.s.capacity -= e.slots
 		if m.openAt >= 0 {
 			removeOpen(m.s, m.openAt)
@@ -239,9 +249,9 @@ func removeOpen(st *set, i int) {
 	}
 }
 
-// refresh recomputes e's eligibility, slots and openness after anything
-// it depends on changed (heartbeat, assignment, release, health) and moves
-// it into or out of its sets' open lists and counts.
+// refresh recomputes e's eligibility, draining, slots and openness after
+// anything it depends on changed (heartbeat, assignment, release, health)
+// and moves it into or out of its sets' open lists and counts.
 func (s *Selector) refresh(e *entry) {
 	e.factor = s.cfg.HealthFactors.Of(e.h.Level)
 	eligible := !e.p.Draining && (!e.assessed || e.factor > 0)
@@ -267,6 +277,16 @@ func (s *Selector) refresh(e *entry) {
 			e.sets[i].s.eligible += d
 		}
 		e.eligible = eligible
+	}
+	if e.p.Draining != e.draining {
+		d := 1
+		if !e.p.Draining {
+			d = -1
+		}
+		for i := range e.sets {
+			e.sets[i].s.draining += d
+		}
+		e.draining = e.p.Draining
 	}
 	if open == e.open {
 		return

@@ -55,12 +55,12 @@ type Selector struct {
 	departed map[string]map[string]time.Time
 	now      func() time.Time
 	health   map[agentKey]health.Assessment
-	cursor   map[string]string  // round robin: pool → id chosen last
+	turns    map[turnKey]turn   // round robin, per kind of step (turn.go)
 	buf      []candidate        // reused by the exact evaluation
 	duel     [2]candidate       // best so far and contender (consider)
-	views    map[string][]*view // affinity views by pool (view.go)
+	views    map[string][]*view // query views by pool (view.go)
 	nviews   int
-	tick     uint64 // orders the views' uses, for eviction
+	tick     uint64 // orders the views' uses and the turns' moves, for eviction
 }
 
 // agentKey is an agent's presence key as a struct: map lookups on it do not
@@ -100,7 +100,7 @@ func NewWithConfig(cfg Config) (*Selector, error) {
 	return &Selector{cfg: cfg, entries: map[agentKey]*entry{}, sets: map[setKey]*set{},
 		actions: map[string]map[string]int{}, departed: map[string]map[string]time.Time{}, now: time.Now,
 		health: map[agentKey]health.Assessment{},
-		cursor: map[string]string{}}, nil
+		turns:  map[turnKey]turn{}}, nil
 }
 
 // Observe records an agent's presence. One older than the last seen is
@@ -293,11 +293,14 @@ func (s *Selector) decide(req Request, commit bool) (*entry, error) {
 	for _, c := range req.Requires {
 		cs := s.sets[setKey{kind: kindCapability, pool: req.Pool, name: c}]
 		if cs == nil {
-			return s.exact(actionSet.all, req, commit) // says who lacks what
+			return nil, s.noneEligible(req, actionSet, nil) // no agent of the pool has c
 		}
 		if len(cs.all) < len(src.all) {
 			src = cs
 		}
+	}
+	if len(req.Requires) > 0 && len(src.all) > exactLimit {
+		return s.required(req, actionSet, src, commit)
 	}
 	if len(src.open) == 0 && len(req.Requires) == 0 && actionSet.eligible > 0 {
 		// Every eligible agent is full: the answer needs no look at them.
@@ -310,6 +313,73 @@ func (s *Selector) decide(req Request, commit bool) (*entry, error) {
 		return e, err
 	}
 	return s.exact(src.all, req, commit)
+}
+
+// required decides an untargeted step with required capabilities whose
+// smallest set (src) is too large to evaluate whole. The agents that can
+// take it are those of the action's set with every capability, which no
+// set holds: draws from src may all miss them (rare among src's open
+// agents, or all full), and a walk of src to be sure cost the whole set
+// on every decision, every retry of a waiting step. The query's view
+// (view.go) holds exactly them, with their counts: built on the first
+// decision src does not answer (the draws, or round_robin's walk, found
+// no open matching agent, or nothing of src is open), it answers every
+// later decision — ErrAtCapacity and ErrNoAgent from its counts, a choice
+// from its open agents, every one of which matches (round_robin and
+// standby walk it in id order as they walk src: the same choice). Callers
+// hold s.mu.
+func (s *Selector) required(req Request, actionSet, src *set, commit bool) (*entry, error) {
+	v := s.viewOf(req, nil)
+	if v == nil {
+		if len(src.open) > 0 {
+			if e, err := s.fast(src, req, commit); e != nil || err != nil {
+				return e, err
+			}
+		}
+		v = s.buildView(req, nil, src)
+	}
+	switch {
+	case v.eligible == 0:
+		return nil, s.noneEligible(req, actionSet, v)
+	case len(v.open) == 0:
+		return nil, errAtCapacity(req) // every eligible one is full
+	case len(v.all) <= exactLimit:
+		return s.exact(v.all, req, commit)
+	}
+	if e, err := s.fast(&v.set, req, commit); e != nil || err != nil {
+		return e, err
+	}
+	return s.exact(v.all, req, commit) // not reached: every open member matches
+}
+
+// noneEligible is the error for a step none of whose matching agents is
+// eligible, saying why the agents offering the action are excluded as
+// the exact evaluation of actionSet would (a draining agent as draining,
+// one lacking a capability as missing capabilities, else its health
+// level): from the sets' counts, walking only v's members (the agents
+// offering the action with every capability, nil when some capability is
+// no agent's), none of which is eligible, for their health levels.
+// Callers hold s.mu.
+func (s *Selector) noneEligible(req Request, actionSet *set, v *view) error {
+	excluded := map[string]int{}
+	if actionSet.draining > 0 {
+		excluded["draining"] = actionSet.draining
+	}
+	matching, matchingDraining := 0, 0
+	if v != nil {
+		matching, matchingDraining = len(v.all), v.draining
+		if matching > matchingDraining {
+			for _, e := range v.all {
+				if !e.p.Draining && e.assessed && e.factor <= 0 {
+					excluded[e.h.Level.String()]++
+				}
+			}
+		}
+	}
+	if n := (len(actionSet.all) - actionSet.draining) - (matching - matchingDraining); n > 0 {
+		excluded["missing capabilities"] = n
+	}
+	return fmt.Errorf("%w: %s%s", ErrNoAgent, describe(req), summarise(excluded))
 }
 
 // exact evaluates every entry of list: the whole strategy, exactly, and

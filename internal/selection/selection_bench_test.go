@@ -1,6 +1,7 @@
 package selection_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -127,6 +128,77 @@ func BenchmarkChooseAffinity(b *testing.B) {
 				if _, err := s.Peek(req); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkChooseRequires is one decision for a step with required
+// capabilities among 5,000 agents, as a dispatch makes it (Choose, then
+// Release when it got an agent): at_capacity, every agent matches and is
+// full (a waiting step's retry: the answer is ErrAtCapacity); others_open,
+// the 1,000 gpu agents offering train are full while the other 4,000 (gpu
+// agents without train among them) are open; rare_action_in_common_capability,
+// 1,000 agents have gpu and 2,000 offer train, 30 of them both (8 draws from
+// the gpu agents miss all 30 about 78% of the time); no_such_capability, no
+// agent has the capability (ErrNoAgent, with who lacks what). The selector
+// used to answer all but the third's hits by walking every candidate.
+func BenchmarkChooseRequires(b *testing.B) {
+	cases := []struct {
+		name     string
+		edit     func(i int, a *protocol.Presence)
+		req      selection.Request
+		wantErr  error
+		released bool
+	}{
+		{name: "at_capacity", edit: func(_ int, a *protocol.Presence) { a.InFlight = 4 },
+			req: selection.Request{Pool: "default", Action: "noop", Requires: []string{"linux"}}, wantErr: selection.ErrAtCapacity},
+		{name: "others_open", edit: func(i int, a *protocol.Presence) {
+			if i < 1000 {
+				a.Capabilities = append(a.Capabilities, "gpu")
+				if i < 500 {
+					a.Actions = append(a.Actions, "train")
+				}
+			} else if i < 2000 {
+				a.Actions = append(a.Actions, "train")
+			}
+			if i < 500 {
+				a.InFlight = 4
+			}
+		}, req: selection.Request{Pool: "default", Action: "train", Requires: []string{"gpu"}}, wantErr: selection.ErrAtCapacity},
+		{name: "rare_action_in_common_capability", edit: func(i int, a *protocol.Presence) {
+			if i < 1000 {
+				a.Capabilities = append(a.Capabilities, "gpu")
+			}
+			if i >= 970 && i < 2970 {
+				a.Actions = append(a.Actions, "train")
+			}
+		}, req: selection.Request{Pool: "default", Action: "train", Requires: []string{"gpu"}}},
+		{name: "no_such_capability", edit: func(int, *protocol.Presence) {},
+			req: selection.Request{Pool: "default", Action: "noop", Requires: []string{"gpu"}}, wantErr: selection.ErrNoAgent},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			s := selection.New()
+			for i, a := range fleet(5000) {
+				a.MaxConcurrent, a.InFlight = 4, 0
+				a.Actions = append([]string(nil), a.Actions...)
+				c.edit(i, &a)
+				s.Observe(a)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := s.Choose(c.req)
+				if c.wantErr != nil {
+					if !errors.Is(err, c.wantErr) {
+						b.Fatalf("got %v, want %v", err, c.wantErr)
+					}
+					continue
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Release(protocol.PresenceKey(p.Pool, p.ID), time.Now())
 			}
 		})
 	}

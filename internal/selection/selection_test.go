@@ -2,6 +2,7 @@ package selection_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -376,5 +377,72 @@ func TestPeekScoreCountsAssignmentsAndHealth(t *testing.T) {
 	s.SetHealth(key(b), health.Assessment{Level: health.Degraded})
 	if score("b") >= before {
 		t.Fatalf("degraded b scores %.3f, was %.3f", score("b"), before)
+	}
+}
+
+// TestRoundRobinTurnsPerKindOfStep: round_robin takes the agents in turn
+// for each kind of step (pool, action, required capabilities), whatever
+// other steps of the pool come between. Agents a, b and c offer x, only b
+// offers y (or: only b has gpu); steps alternate x and y, each released
+// before the next: each agent gets a third of the x steps. With one turn
+// per pool, y always moved it to b, so x went to c (after b) every time
+// but the first: a 1, b 0, c 299.
+func TestRoundRobinTurnsPerKindOfStep(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name  string
+		n     int // agents; only the first offers y, or has gpu
+		other func(x selection.Request) selection.Request
+	}{
+		{name: "another action", n: 3, other: func(x selection.Request) selection.Request {
+			return selection.Request{Pool: "p", Action: "y"}
+		}},
+		{name: "required capability", n: 3, other: func(x selection.Request) selection.Request {
+			x.Requires = []string{"gpu"}
+			return x
+		}},
+		// Larger than the size evaluated whole: the walk from the turn.
+		{name: "large pool", n: 100, other: func(x selection.Request) selection.Request {
+			return selection.Request{Pool: "p", Action: "y"}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSelector(t, func(cfg *selection.Config) {
+				cfg.Pools = map[string]selection.PoolConfig{"p": {Strategy: selection.StrategyRoundRobin}}
+			})
+			for i := range c.n {
+				a := agent(fmt.Sprintf("a%03d", i), 0, 4)
+				a.Actions = []string{"x"}
+				if i == c.n/2 {
+					a.Actions = append(a.Actions, "y")
+					a.Capabilities = []string{"gpu"}
+				}
+				s.Observe(a)
+			}
+			x := selection.Request{Pool: "p", Action: "x"}
+			y := c.other(x)
+			got := map[string]int{}
+			const rounds = 100
+			for i := range rounds * c.n {
+				for _, req := range []selection.Request{x, y} {
+					p, err := s.Choose(req)
+					if err != nil {
+						t.Fatalf("round %d, %+v: %v", i, req, err)
+					}
+					if req.Action == x.Action && len(req.Requires) == 0 {
+						got[p.ID]++
+					}
+					s.Release(key(p), t0.Add(time.Millisecond))
+				}
+			}
+			for i := range c.n {
+				id := fmt.Sprintf("a%03d", i)
+				if n := got[id]; n < rounds*9/10 || n > rounds*11/10 {
+					t.Fatalf("x steps per agent %v: %s got %d, want about %d (each in turn)", got, id, n, rounds)
+				}
+			}
+		})
 	}
 }

@@ -34,7 +34,7 @@ func (s *Selector) pick(available []candidate, req Request, commit bool) *candid
 		}
 		return primary
 	case StrategyRoundRobin:
-		last := s.cursor[req.Pool]
+		last := s.lastTurn(req)
 		var first, next *candidate // lowest id overall, lowest id after last
 		for i := range available {
 			c := &available[i]
@@ -52,7 +52,7 @@ func (s *Selector) pick(available []candidate, req Request, commit bool) *candid
 			next = first
 		}
 		if next != nil && commit {
-			s.cursor[req.Pool] = next.p.ID
+			s.moveTurn(req, next.p.ID)
 		}
 		return next
 	case StrategyLeastLoaded:
@@ -102,7 +102,7 @@ func (s *Selector) fast(src *set, req Request, commit bool) (*entry, error) {
 		}
 		return nil, nil
 	case StrategyRoundRobin:
-		last := s.cursor[req.Pool]
+		last := s.lastTurn(req)
 		start, found := slices.BinarySearchFunc(src.all, last, byID)
 		if found {
 			start++
@@ -111,7 +111,7 @@ func (s *Selector) fast(src *set, req Request, commit bool) (*entry, error) {
 			e := src.all[(start+i)%len(src.all)]
 			if e.open && match(e) {
 				if commit {
-					s.cursor[req.Pool] = e.p.ID
+					s.moveTurn(req, e.p.ID)
 				}
 				return e, nil
 			}

@@ -5,11 +5,13 @@ import (
 	"slices"
 )
 
-// This file keeps affinity views: for an affinity query (pool, action,
-// required capabilities, wanted labels) whose matching agents are too rare
-// for a few random draws to find, the set of exactly those agents,
-// maintained like the index's sets, so that the decision stays exact and
-// costs a few draws however rare they are.
+// This file keeps query views: for a query (pool, action, required
+// capabilities and, for affinity, wanted labels) whose matching agents are
+// too rare for a few random draws to find, or all full, the set of exactly
+// those agents, maintained like the index's sets, so that the decision
+// stays exact and costs a few draws, or its counts, however rare they are.
+// A step with required capabilities uses the view without labels
+// (Selector.required); affinity the one with its labels.
 //
 // An affinity decision in a large set first draws from whichever of the
 // action's (or capability's) set and the wanted labels' sets has the fewest
@@ -23,13 +25,18 @@ import (
 // change (an agent is a member while its presence matches the query, and
 // in the view's open list while it is open, like any set). Only queries
 // that once missed get a view; at most maxViews are kept, the least
-// recently used dropped first.
+// recently used dropped first. The same holds for the view of a step with
+// required capabilities in a large set (any strategy): without it, a
+// waiting step (all matching agents full) or one whose agents are rare
+// walked the set on every decision, every retry.
 
 // maxViews bounds the views a selector keeps (and so what they add to the
 // cost of a join and to the memory per agent).
 const maxViews = 64
 
-// view is the agents of a pool whose presence matches one affinity query.
+// view is the agents of a pool whose presence matches one query: action,
+// required capabilities and wanted labels (none for a step's
+// capabilities alone).
 type view struct {
 	set          // all: members sorted by id; open: those open
 	pool, action string
