@@ -205,3 +205,35 @@ func TestExpiredAssessmentIsForgotten(t *testing.T) {
 	}
 	b.waitJobWithin(t, id, jobstore.JobSucceeded, 15*time.Second)
 }
+
+// An advance request whose reply subject is not an inbox is made but not
+// answered: the scheduler's answer, which its response permission lets
+// through wherever the requester points it, wrote a junk record into the
+// job store (or a lease, a presence key).
+func TestAdvanceAnswersOnlyAnInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	b.submitNoReply(t, []byte(`{"name":"a","steps":[{"id":"s","action":"echo","pool":"nobody"}]}`), "job-adv")
+	natstest.Eventually(t, 10*time.Second, "job-adv stored", func() bool {
+		_, _, err := b.store.Job(context.Background(), "job-adv")
+		return err == nil
+	})
+	kv, err := b.js.KeyValue(context.Background(), protocol.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := "$KV." + protocol.BucketJobs + ".job.forged"
+	// A good request first: once it is answered, the scheduler has taken
+	// the bad one, sent before it on the same connection.
+	if err := b.nc.PublishRequest(protocol.SubjectControlAdvance, target, []byte("job-adv")); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(t, "job-adv")
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(context.Background(), "job.forged"); err == nil {
+		t.Fatalf("the advance's answer was written to the job store: %q", e.Value())
+	}
+}

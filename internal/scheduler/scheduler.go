@@ -208,6 +208,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	// Answer advance requests before taking inputs: an operator's cancel
 	// right after start must reach a scheduler that may already dispatch.
 	ctrl, err := s.nc.QueueSubscribe(protocol.SubjectControlAdvance, protocol.ConsumerScheduler, func(m *nats.Msg) {
+		if m.Reply != "" && !protocol.ValidReplySubject(m.Reply) {
+			// Answered there, the reply (which the scheduler's response
+			// permission lets through wherever the requester points it)
+			// would be a write to that subject: a job record, a lease. The
+			// advance is still made; nobody is answered.
+			m.Reply = ""
+		}
 		jobID := string(m.Data)
 		if !protocol.ValidToken(jobID) {
 			_ = m.Respond(protocol.ErrorReply(protocol.CodeInvalidRequest, fmt.Errorf("invalid job id %q", jobID)))
