@@ -394,9 +394,9 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 		} else if len(r.Waiters) >= l.cfg.MaxWaiters {
 			// The queue is full: not queued, ask again.
 			retryAt = l.overflowRetry()
-			full = make(map[string]bool, len(r.Waiters))
-			for _, e := range r.Waiters {
-				full[e.ID] = true
+			full = make(map[string]bool, len(r.Waiters)+len(r.Holders))
+			for _, e := range slices.Concat(r.Waiters, r.Holders) {
+				full[e.ID] = true // a holder asking again renews its slot
 			}
 			return false
 		} else {
@@ -415,25 +415,27 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 const fullFor = time.Second
 
 // fullKey is a key this process found with a full queue: until when, and
-// who was queued then.
+// who was queued or held a slot then (they always ask the record: a
+// holder re-dispatched after its agent died renews its slot, and was
+// refused from memory while its slot idled).
 type fullKey struct {
-	until   time.Time
-	waiters map[string]bool
+	until time.Time
+	known map[string]bool
 }
 
-// noteFull remembers that key's queue is full, with its waiters.
-func (l *Limiter) noteFull(key string, waiters map[string]bool) {
+// noteFull remembers that key's queue is full, with its waiters and holders.
+func (l *Limiter) noteFull(key string, known map[string]bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.full == nil {
 		l.full = map[string]fullKey{}
 	}
-	l.full[key] = fullKey{until: time.Now().Add(fullFor), waiters: waiters}
+	l.full[key] = fullKey{until: time.Now().Add(fullFor), known: known}
 }
 
 // stillFull reports whether key's queue was found full less than fullFor
-// ago and holder was not in it: the answer would be the same, so the key
-// is not read. Every step past the bound asked again every RetryAfter,
+// ago and holder was neither in it nor holding a slot: the answer would be
+// the same, so the key is not read. Every step past the bound asked again every RetryAfter,
 // each a read of a record up to ~600 KB: 10,000 of them were 2,000 reads
 // a second of one key. A queued step (a waiter renewing its place, or
 // woken by a Release) always asks the record.
@@ -448,7 +450,7 @@ func (l *Limiter) stillFull(key, holder string) bool {
 		delete(l.full, key)
 		return false
 	}
-	return !f.waiters[holder]
+	return !f.known[holder]
 }
 
 // forgetFull drops what this process knew of key's full queue: a

@@ -366,6 +366,11 @@ func TestStepsPastAFullQueueDoNotReadItAgain(t *testing.T) {
 	if n := reads.Load() - before; n > 4 {
 		t.Fatalf("200 steps past the full queue read the key %d times within a second", n)
 	}
+	// A holder asking again (re-dispatched after its agent died) renews
+	// its slot: it was refused from memory, and its slot idled.
+	if !acquire(t, l, "k", 1, "j0.s") {
+		t.Fatal("the holder was refused its own slot while the queue was full")
+	}
 	// The queue's head is not answered from memory: a freed slot is its.
 	if _, err := l.Release(ctx, "k", "j0.s"); err != nil {
 		t.Fatal(err)

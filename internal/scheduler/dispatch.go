@@ -84,13 +84,17 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)
 			js.stepEnded(i, now)
-			jt.freed = append(jt.freed, i) // it may wait in a key's queue
+			if w.queuedForKey(jt, i) {
+				jt.freed = append(jt.freed, i)
+			}
 			continue
 		}
 		if st.Expired(now) {
 			tries++
 			w.s.stopWaiting(holder)
-			jt.freed = append(jt.freed, i)
+			if w.queuedForKey(jt, i) {
+				jt.freed = append(jt.freed, i)
+			}
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Msg("step expired before it could start")
 			st.Expire(now)
@@ -238,7 +242,9 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 		switch st.State {
 		case jobstore.StepPending:
 			w.s.stopWaiting(holderID(st.JobID, st.ID))
-			jt.freed = append(jt.freed, i) // it may wait in a key's queue
+			if w.queuedForKey(jt, i) {
+				jt.freed = append(jt.freed, i)
+			}
 			st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
 			st.LastError, st.UpdatedAt, st.FinishedAt = protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)

@@ -237,3 +237,31 @@ func TestAdvanceAnswersOnlyAnInbox(t *testing.T) {
 		t.Fatalf("the advance's answer was written to the job store: %q", e.Value())
 	}
 }
+
+// A result whose step record landed frees its slot even when another
+// write of the same turn failed (here the seal of a sibling step's record,
+// changed meanwhile): applied again, the result finds its step ended and
+// frees nothing, and the slot waited for its lease.
+func TestSlotFreedWhenTheTurnFailsAfterItsWriteLanded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	release := startHolder(t, b)
+	b.submitNoReply(t, []byte(`{"name":"two","steps":[
+ {"id":"s","action":"echo","timeout":"60s","concurrency":{"key":"k-landed","limit":1}},
+ {"id":"t","action":"echo","agent":"other","depends_on":["s"]}]}`), "job-landed")
+	waitDispatched(t, b, "job-landed", "s")
+	// t's record changes under the scheduler's cached copy (as a
+	// supervisor's or a client's write would).
+	b.editStep(t, "job-landed", "t", func(s *jobstore.Step) { s.UpdatedAt = time.Now().UTC() })
+	// s succeeds: its record lands; t, ready now, waits for an agent that
+	// never comes, and its record's write in the same turn conflicts.
+	release()
+	natstest.Eventually(t, 10*time.Second, "s succeeded", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-landed", "s")
+		return err == nil && st.State == jobstore.StepSucceeded
+	})
+	natstest.Eventually(t, 10*time.Second, "k-landed free", func() bool {
+		return len(keyState(t, b, "k-landed").Holders) == 0
+	})
+}

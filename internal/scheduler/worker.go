@@ -676,6 +676,7 @@ func (w *worker) finish(jt *jobTurn) {
 // inputs back to be applied to a fresh read; after maxTries it hands the
 // messages back to the stream.
 func (w *worker) retry(jt *jobTurn) {
+	w.freeGates(jt) // the steps whose records landed
 	w.releaseAdmitted(jt)
 	delete(w.cache, jt.id)
 	conflict := errors.Is(jt.err, jobstore.ErrConflict) || errors.Is(jt.err, jobstore.ErrExists)

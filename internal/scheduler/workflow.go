@@ -166,7 +166,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		if !g.Granted {
 			undo()
 			w.gate(st.JobID, st.ID, at)
-			return false, at, fmt.Sprintf("waiting for concurrency key %s (limit %d)", k.Key, k.Limit)
+			return false, at, fmt.Sprintf("%s %s (limit %d)", waitingForKey, k.Key, k.Limit)
 		}
 		held = append(held, gateGrant{key: k.Key, Grant: g})
 	}
@@ -299,16 +299,42 @@ func (w *worker) giveBack(jt *jobTurn, i int) {
 // their places in keys' queues. Not before: a result judged on a stale
 // copy of its job (another scheduler dispatched the step again) freed the
 // slot the new dispatch ran on, and the write then found the copy stale.
+//
+// A turn whose writes failed after some landed (retry) frees the steps
+// whose own record landed: that compare-and-set proved the copy current,
+// and the result applied again finds its step ended (alreadyApplied) and
+// frees nothing, so the slot waited for its lease. A step dispatched again
+// in the same turn (a retry without backoff) keeps the slot it renewed.
 func (w *worker) freeGates(jt *jobTurn) {
-	if jt.err != nil || jt.js == nil {
+	if jt.js == nil {
 		return
 	}
 	slices.Sort(jt.freed)
 	for _, i := range slices.Compact(jt.freed) {
-		w.releaseGates(jt, i)
+		landed := jt.err == nil || jt.landed[i] || (jt.js.job.Inline && jt.landed[-1])
+		if landed && jt.js.steps[i].State != jobstore.StepDispatched {
+			w.releaseGates(jt, i)
+		}
 	}
 	jt.freed = nil
 }
+
+// queuedForKey says whether pending step i may wait in a concurrency key's
+// queue: its record says so, or this worker told it to wait there. Only
+// those are given back when they end unrun (cancelled, expired): giving
+// back every pending step of a large cancelled job was a round trip each,
+// inside the worker's turn.
+func (w *worker) queuedForKey(jt *jobTurn, i int) bool {
+	st := jt.js.steps[i]
+	if strings.HasPrefix(st.Waiting, waitingForKey) {
+		return true
+	}
+	_, ok := w.gated[st.JobID][st.ID]
+	return ok
+}
+
+// waitingForKey begins the waiting field of a step queued for a key.
+const waitingForKey = "waiting for concurrency key"
 
 // maxFreedOnAdvance bounds the slots one advance gives back for steps that
 // ended elsewhere; the leases of any others free them.
