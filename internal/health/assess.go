@@ -72,6 +72,15 @@ type Assessment struct {
 	SuccessRate *float64 `json:"success_rate,omitempty"`
 	// AssessedAt is the Observation's Now.
 	AssessedAt time.Time `json:"assessed_at"`
+	// Silent is true when the level is failed only because no heartbeat
+	// was received for heartbeat_timeout: without that, the agent would be
+	// at a better level. It is the verdict a watcher that missed the
+	// agent's heartbeats would reach too, so the supervisor does not act
+	// on it while most of the agent's pool is Overdue as well.
+	Silent bool `json:"silent,omitempty"`
+	// Overdue is true when the agent's next heartbeat is late: none was
+	// received for longer than its interval × (1 + heartbeat_tolerance).
+	Overdue bool `json:"overdue,omitempty"`
 }
 
 // Assessor scores observations with a Config.
@@ -129,9 +138,13 @@ func (a *Assessor) Assess(o Observation) Assessment {
 		as.Level = worst(as.Level, l)
 		hard = append(hard, reason{l, fmt.Sprintf(format, args...) + " (" + l.String() + ")"})
 	}
+	timedOut := false
 	if !o.LastHeartbeat.IsZero() {
-		if age := o.Now.Sub(o.LastHeartbeat); age > cfg.HeartbeatTimeout.Std() {
+		age := o.Now.Sub(o.LastHeartbeat)
+		as.Overdue = age > a.allowedGap(o)
+		if age > cfg.HeartbeatTimeout.Std() {
 			capAt(Failed, "no heartbeat for %s > heartbeat_timeout %s", age.Round(time.Millisecond), cfg.HeartbeatTimeout)
+			timedOut = true
 		}
 	}
 	checkCount := func(name string, v int, l CountLimits) {
@@ -180,6 +193,13 @@ func (a *Assessor) Assess(o Observation) Assessment {
 			as.Reasons = append(as.Reasons, fmt.Sprintf("%s %.2f: %s", c.name, c.value, c.why))
 		}
 	}
+	if timedOut && as.Level == Failed {
+		// Judged again as if the silence were not known (no timeout, no
+		// open gap): nothing else makes it failed.
+		quiet := o
+		quiet.LastHeartbeat = time.Time{}
+		as.Silent = a.Assess(quiet).Level != Failed
+	}
 	return as
 }
 
@@ -220,11 +240,7 @@ func (a *Assessor) components(o Observation) []component {
 // regularity is the mean of min(1, allowed/gap) over the heartbeat gaps,
 // counting the gap still open at Now when it is already late.
 func (a *Assessor) regularity(o Observation) (float64, bool) {
-	interval := o.ExpectedInterval
-	if interval <= 0 {
-		interval = a.cfg.HeartbeatInterval.Std()
-	}
-	allowed := float64(interval) * (1 + a.cfg.HeartbeatTolerance)
+	allowed := float64(a.allowedGap(o))
 	var sum float64
 	var n int
 	score := func(g time.Duration) {
@@ -246,6 +262,16 @@ func (a *Assessor) regularity(o Observation) (float64, bool) {
 		return 0, false
 	}
 	return sum / float64(n), true
+}
+
+// allowedGap is the longest gap between o's heartbeats that is not late:
+// its interval × (1 + heartbeat_tolerance).
+func (a *Assessor) allowedGap(o Observation) time.Duration {
+	interval := o.ExpectedInterval
+	if interval <= 0 {
+		interval = a.cfg.HeartbeatInterval.Std()
+	}
+	return time.Duration(float64(interval) * (1 + a.cfg.HeartbeatTolerance))
 }
 
 func (a *Assessor) levelOf(score float64) Level {

@@ -26,7 +26,10 @@
 // unhealthy_level (critical by default: drained — no new work, in-flight work
 // finishes — rather than failed over, because the agent is alive and answering;
 // failed is kept for agents that stopped answering). No heartbeat for
-// heartbeat_timeout makes it failed. The score itself is not changed by the
+// heartbeat_timeout makes it failed; when nothing else would, the
+// assessment says so (Assessment.Silent): it is what a watcher that missed
+// the heartbeats would conclude too (Assessment.Overdue says that a
+// heartbeat is late at all). The score itself is not changed by the
 // thresholds; Reasons say why the level is what it is.
 //
 // Like the rates, a streak of consecutive failures counts only while it is

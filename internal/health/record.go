@@ -18,9 +18,25 @@ type Record struct {
 	Pool  string `json:"pool"`
 	Assessment
 	// Action is the self-healing action in force: "", deprioritise,
-	// reduce_load, drain or failover.
+	// reduce_load, drain or failover. Its orders were obeyed (a failover
+	// is in force once ordered: a failed agent may not answer its drain,
+	// and its queue is moved regardless).
 	Action string `json:"action,omitempty"`
+	// Held are the orders self-healing gave the agent that may still be in
+	// force: HeldDrain, HeldLimit (Limit tasks at once). An order is held
+	// from just before it is sent until the agent confirms it undone, so
+	// an order whose answer was lost counts: the agent keeps a drain or a
+	// limit until it is told otherwise, and the leader (this one or the
+	// next, which takes them over from here) releases it once it is well.
+	Held  []string `json:"held,omitempty"`
+	Limit int      `json:"limit,omitempty"`
 }
+
+// Orders self-healing holds an agent with (Record.Held).
+const (
+	HeldDrain = "drain"
+	HeldLimit = "limit"
+)
 
 // Key is the record's key.
 func (r Record) Key() string { return protocol.PresenceKey(r.Pool, r.Agent) }

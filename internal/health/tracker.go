@@ -63,8 +63,11 @@ func NewTracker(cfg Config) (*Tracker, error) {
 // Assessor returns the tracker's assessor.
 func (t *Tracker) Assessor() *Assessor { return t.assessor }
 
-// Heartbeat records p, received at now. A heartbeat not newer than the last
-// one recorded for the agent is ignored.
+// Heartbeat records p, received at now. Pass the time it arrived, taken
+// where it was received: a heartbeat that waited for a busy reader and is
+// stamped when read looks as old as the wait, and an agent whose heartbeats
+// all waited looks silent. A heartbeat not newer than the last one recorded
+// for the agent is ignored.
 func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 	key := protocol.PresenceKey(p.Pool, p.ID)
 	t.mu.Lock()

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -38,18 +39,28 @@ func actionFor(l health.Level) string {
 	return ActionNone
 }
 
-// agentCare is what the healer remembers of one agent between cycles.
-type agentCare struct {
-	action    string
-	drainedAt time.Time
-	moved     bool // its remaining queue was transferred after the drain
-}
-
 // healer applies the action each agent's assessed level calls for every
 // cycle: deprioritise degraded (the schedulers read the level), halve the
 // concurrency of warning ones, drain critical ones (and transfer what they
 // still hold after the drain timeout), fail over failed ones; and undoes
 // it when the agent recovers. Every action is a "healing" event.
+//
+// What healing puts in force outlives the leader that ordered it: an agent
+// keeps a drain or a limit until it is told otherwise (pkg/agent), whoever
+// leads by then. So the orders that may be in force on an agent
+// (agentCare.held) are written to its warden_health record before they are
+// sent and taken off only when the agent confirms them undone; a new
+// leader starts from those records (load), and an agent whose presence
+// lapsed for a moment is remembered until it is back (keep). An order that
+// failed is sent again on a later cycle, backing off from an agent that
+// does not answer (agentCare.backOff); the action is in force only once
+// its orders were obeyed.
+//
+// Heartbeats reach the tracker as they arrive (leader.route), stamped
+// there, never through this loop: a slow cycle (orders to agents that do
+// not answer, a large transfer) ages nobody's heartbeat. And heartbeat age
+// alone fails over no agent while most of its pool is overdue with its
+// heartbeats too (hush).
 type healer struct {
 	term         *term
 	assessor     *assessor
@@ -60,11 +71,12 @@ type healer struct {
 	cycle        time.Duration
 	log          zerolog.Logger
 	care         map[string]*agentCare
+	loaded       bool            // care was taken over from warden_health
+	hushed       map[string]bool // the pools hush left alone last cycle
 }
 
-// run assesses every cycle until ctx ends. Presence updates arrive on
-// beats, departures on gone.
-func (h *healer) run(ctx context.Context, beats <-chan protocol.Presence, gone <-chan string) error {
+// run assesses every cycle until ctx ends. Departures arrive on gone.
+func (h *healer) run(ctx context.Context, gone <-chan string) error {
 	h.assessor.seed(h.term.now())
 	tick := time.NewTicker(h.cycle)
 	defer tick.Stop()
@@ -72,11 +84,8 @@ func (h *healer) run(ctx context.Context, beats <-chan protocol.Presence, gone <
 		select {
 		case <-ctx.Done():
 			return nil
-		case p := <-beats:
-			h.assessor.heartbeat(p, h.term.now())
 		case key := <-gone:
-			delete(h.care, key)
-			h.assessor.forget(ctx, key)
+			h.departed(ctx, key)
 		case <-tick.C:
 			if err := h.term.fence(); err != nil {
 				continue // the next cycle; see recovery.due
@@ -90,75 +99,140 @@ func (h *healer) run(ctx context.Context, beats <-chan protocol.Presence, gone <
 
 // heal runs one cycle at now.
 func (h *healer) heal(ctx context.Context, now time.Time) {
+	if !h.loaded {
+		// Judge nobody before knowing what is in force: an agent a
+		// previous leader drained would be taken for one never drained.
+		if err := h.load(ctx, now); err != nil {
+			h.log.Warn().Err(err).Msg("healing records not read; healing waits for them")
+			return
+		}
+		h.loaded = true
+	}
 	assessed, present, ok := h.assessor.assess(now)
 	if !ok {
 		return // blind: judge nobody until the view is fresh again
 	}
+	h.keep(present, now)
+	hushed := h.hush(assessed, present)
 	for key, a := range assessed {
+		if ctx.Err() != nil {
+			return // the term ended: orders would fail and be recorded as failed
+		}
 		p := present[key]
+		if a.Silent && hushed[p.Pool] {
+			continue // neither acted on nor recorded; see hush
+		}
 		c := h.care[key]
 		if c == nil {
 			c = &agentCare{}
 			h.care[key] = c
 		}
+		if c.restarted(p) {
+			// A new process holds none of the orders the old one did.
+			h.log.Info().Str("agent", p.ID).Str("pool", p.Pool).Strs("held", c.held.names()).Msg("healing: agent restarted; its orders are gone")
+			*c = agentCare{}
+		}
+		c.startedAt = p.StartedAt
 		want := ActionNone
 		if h.selfHealing {
 			want = actionFor(a.Level)
 		}
-		if want != c.action {
-			h.apply(ctx, p, c, want, a)
-		} else if want == ActionDrain && !c.moved && now.Sub(c.drainedAt) >= h.drainTimeout {
-			// Drained long enough: transfer what it still holds.
-			c.moved = true
-			h.transfer(ctx, p, "drain timeout passed")
+		if !c.settled(want) && c.due(now, h.cycle) {
+			h.apply(ctx, p, c, want, a, now)
 		}
-		h.assessor.store(ctx, p, a, c.action, now)
+		if why := c.moveDue(want, now, h.drainTimeout); why != "" && c.due(now, h.cycle) {
+			h.move(ctx, p, c, why, now)
+		}
+		_ = h.assessor.store(ctx, p, a, c.state(), now)
 	}
 }
 
-// apply moves an agent from its current action to want.
-func (h *healer) apply(ctx context.Context, p protocol.Presence, c *agentCare, want string, a health.Assessment) {
-	from := c.action
-	err := h.term.control(func() error { return h.order(ctx, p, from, want) })
-	switch want {
-	case ActionDrain:
-		c.drainedAt, c.moved = h.term.now(), false
-	case ActionFailover:
-		// A failed agent may not answer the drain; its queue moves anyway.
-		if !errors.Is(err, errNotLeader) {
-			h.transfer(ctx, p, "health failed")
+// apply sends the orders that take the agent from what it may hold to what
+// want calls for, and records the attempt as a healing event. want is in
+// force once they were obeyed; a failover is in force once ordered (a
+// failed agent may not answer the drain; its queue moves anyway).
+func (h *healer) apply(ctx context.Context, p protocol.Presence, c *agentCare, want string, a health.Assessment, now time.Time) {
+	from, keep := c.action, holdsOf(want)
+	if next := c.held.union(keep); next != c.held {
+		// Written ahead of the order: a leader that takes over after it
+		// was sent must know that it may be in force.
+		ahead := *c
+		ahead.held = next
+		if next.drain && !c.held.drain {
+			ahead.drainedAt, ahead.moved = now, false
 		}
+		if next.limit && !c.held.limit {
+			ahead.limit = max(1, p.MaxConcurrent/2)
+		}
+		if err := h.assessor.store(ctx, p, a, ahead.state(), now); err != nil {
+			h.log.Warn().Err(err).Str("agent", p.ID).Str("pool", p.Pool).Str("action", want).
+				Msg("healing: order not sent, its hold could not be recorded")
+			c.backOff(now, h.cycle)
+			return
+		}
+		*c = ahead
 	}
-	c.action = want
+	err := h.term.control(func() error { return h.order(ctx, p, c, keep) })
+	if errors.Is(err, errNotLeader) {
+		return // deposed: the next leader takes over from the records
+	}
+	if err == nil || want == ActionFailover {
+		c.action, c.failures, c.retryAt = want, 0, time.Time{}
+	} else {
+		c.backOff(now, h.cycle)
+	}
 	h.record(ctx, p, from, want, a, err)
 }
 
-// order sends the agent the orders that take it from action from to want.
-func (h *healer) order(ctx context.Context, p protocol.Presence, from, want string) error {
-	var err error
-	// Undo what the previous action did that the new one does not.
-	if from == ActionReduceLoad && want != ActionReduceLoad {
-		err = h.ops.LimitAgent(ctx, p.Pool, p.ID, 0)
+// order releases what the agent may hold that keep does not, and sends
+// (again) what keep holds. A release the agent confirms is held no more;
+// every error is returned.
+func (h *healer) order(ctx context.Context, p protocol.Presence, c *agentCare, keep holds) error {
+	var errs []error
+	if c.held.limit && !keep.limit {
+		if err := h.ops.LimitAgent(ctx, p.Pool, p.ID, 0); err != nil {
+			errs = append(errs, fmt.Errorf("restore concurrency: %w", err))
+		} else {
+			c.held.limit, c.limit = false, 0
+		}
 	}
-	if (from == ActionDrain || from == ActionFailover) && want != ActionDrain && want != ActionFailover {
-		err = h.ops.UndrainAgent(ctx, p.Pool, p.ID)
+	if c.held.drain && !keep.drain {
+		if err := h.ops.UndrainAgent(ctx, p.Pool, p.ID); err != nil {
+			errs = append(errs, fmt.Errorf("undrain: %w", err))
+		} else {
+			c.held.drain, c.drainedAt, c.moved = false, time.Time{}, false
+		}
 	}
-	switch want {
-	case ActionReduceLoad:
-		err = h.ops.LimitAgent(ctx, p.Pool, p.ID, max(1, p.MaxConcurrent/2))
-	case ActionDrain, ActionFailover:
-		err = h.ops.DrainAgent(ctx, p.Pool, p.ID)
+	if keep.limit {
+		if err := h.ops.LimitAgent(ctx, p.Pool, p.ID, c.limit); err != nil {
+			errs = append(errs, fmt.Errorf("limit to %d: %w", c.limit, err))
+		}
 	}
-	return err
+	if keep.drain {
+		if err := h.ops.DrainAgent(ctx, p.Pool, p.ID); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
-func (h *healer) transfer(ctx context.Context, p protocol.Presence, why string) {
+// move transfers the queue of a drained or failed agent.
+func (h *healer) move(ctx context.Context, p protocol.Presence, c *agentCare, why string, now time.Time) {
+	if err := h.transfer(ctx, p, why); err != nil {
+		c.backOff(now, h.cycle)
+		return
+	}
+	c.moved, c.failures, c.retryAt = true, 0, time.Time{}
+}
+
+func (h *healer) transfer(ctx context.Context, p protocol.Presence, why string) error {
 	trigger := "health:" + why + ":" + p.HeartbeatAt.UTC().Format(time.RFC3339Nano)
 	rec, err := h.failover.transferLive(ctx, p.Pool, p.ID, trigger) // p is present: its tasks are no suspects
 	if err == nil && rec.TasksMoved > 0 {
 		h.assessor.lostTasks(protocol.PresenceKey(p.Pool, p.ID), rec.TasksMoved, h.term.now())
 	}
 	h.log.Warn().Str("agent", p.ID).Str("why", why).Int("tasks_moved", rec.TasksMoved).Err(err).Msg("healing: queue transferred")
+	return err
 }
 
 // record adds the healing history entry (event kind "healing").

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -35,21 +36,24 @@ func (c Config) loadHealthConfig() (health.Config, error) {
 // leader could not see is not an agent that stopped sending them.
 type assessor struct {
 	term    *term
-	tracker *health.Tracker
+	tracker *health.Tracker // fed by the presence watch (heartbeat), read by the healer
 	kv      jetstream.KeyValue
 	view    *presence.View
 	sight   *sight
 	log     zerolog.Logger
+	// recordTTL is how long warden_health keeps the record of an agent
+	// nobody writes any more (the bucket's TTL).
+	recordTTL time.Duration
 
-	written map[string]written
+	written map[string]written // the healer's goroutine only
 }
 
 // written is the last assessment stored for an agent.
 type written struct {
-	level  health.Level
-	score  float64
-	action string
-	at     time.Time
+	level   health.Level
+	score   float64
+	healing healingState
+	at      time.Time
 }
 
 func newAssessor(ctx context.Context, t *term, hc health.Config, view *presence.View, s *sight, log zerolog.Logger) (*assessor, error) {
@@ -61,7 +65,15 @@ func newAssessor(ctx context.Context, t *term, hc health.Config, view *presence.
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketHealth, err)
 	}
-	return &assessor{term: t, tracker: tr, kv: kv, view: view, sight: s, log: log, written: map[string]written{}}, nil
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s status: %w", protocol.BucketHealth, err)
+	}
+	ttl := st.TTL()
+	if ttl <= 0 {
+		ttl = 2 * time.Minute // kv_health.json's; a bucket that keeps records for ever must not keep care for ever
+	}
+	return &assessor{term: t, tracker: tr, kv: kv, view: view, sight: s, log: log, recordTTL: ttl, written: map[string]written{}}, nil
 }
 
 // seed starts tracking the agents present in the (ready) view at now.
@@ -71,14 +83,49 @@ func (a *assessor) seed(now time.Time) {
 	}
 }
 
-// heartbeat records a presence update received at now.
+// heartbeat records a presence update received at now. The presence
+// watch calls it as the update arrives (leader.route).
 func (a *assessor) heartbeat(p protocol.Presence, now time.Time) { a.tracker.Heartbeat(p, now) }
 
-// forget drops an agent that left, with its stored assessment.
+// left forgets the heartbeats of an agent whose presence left. The
+// presence watch calls it, in order with heartbeat.
+func (a *assessor) left(key string) { a.tracker.Forget(key) }
+
+// forget drops the stored assessment of an agent that left.
 func (a *assessor) forget(ctx context.Context, key string) {
-	a.tracker.Forget(key)
 	delete(a.written, key)
 	_ = a.term.kvDelete(ctx, a.kv, key)
+}
+
+// unwritten keeps the stored assessment of an agent that left but makes
+// the next store write it again.
+func (a *assessor) unwritten(key string) { delete(a.written, key) }
+
+// records reads every stored record, by key.
+func (a *assessor) records(ctx context.Context) (map[string]health.Record, error) {
+	out := map[string]health.Record{}
+	lister, err := a.kv.ListKeys(ctx)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return out, nil
+		}
+		return nil, fmt.Errorf("list %s: %w", protocol.BucketHealth, err)
+	}
+	defer func() { _ = lister.Stop() }()
+	for key := range lister.Keys() {
+		e, err := a.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // aged out meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s %s: %w", protocol.BucketHealth, key, err)
+		}
+		var r health.Record
+		if json.Unmarshal(e.Value(), &r) == nil {
+			out[key] = r
+		}
+	}
+	return out, nil
 }
 
 // lostTasks counts tasks a failover took from the agent as failures.
@@ -103,18 +150,20 @@ func (a *assessor) assess(now time.Time) (map[string]health.Assessment, map[stri
 	return out, present, true
 }
 
-// store writes an agent's assessment when it changed enough or is old.
-func (a *assessor) store(ctx context.Context, p protocol.Presence, as health.Assessment, action string, now time.Time) {
+// store writes an agent's assessment and healing state when either
+// changed (the assessment enough) or the record is old.
+func (a *assessor) store(ctx context.Context, p protocol.Presence, as health.Assessment, hs healingState, now time.Time) error {
 	key := protocol.PresenceKey(p.Pool, p.ID)
 	w := a.written[key]
-	if as.Level == w.level && math.Abs(as.Score-w.score) < 0.05 && now.Sub(w.at) < 30*time.Second && action == w.action && !w.at.IsZero() {
-		return
+	if as.Level == w.level && math.Abs(as.Score-w.score) < 0.05 && now.Sub(w.at) < 30*time.Second && hs == w.healing && !w.at.IsZero() {
+		return nil
 	}
-	r := health.Record{Agent: p.ID, Pool: p.Pool, Assessment: as, Action: action}
+	r := health.Record{Agent: p.ID, Pool: p.Pool, Assessment: as, Action: hs.action, Held: hs.held.names(), Limit: hs.limit}
 	b, _ := json.Marshal(r)
 	if err := a.term.kvPut(ctx, a.kv, r.Key(), b); err != nil {
 		a.log.Warn().Err(err).Str("agent", r.Key()).Msg("health record not stored")
-		return
+		return err
 	}
-	a.written[key] = written{level: as.Level, score: as.Score, action: action, at: now}
+	a.written[key] = written{level: as.Level, score: as.Score, healing: hs, at: now}
+	return nil
 }

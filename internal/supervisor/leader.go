@@ -37,7 +37,6 @@ type leader struct {
 	anchors  *anchor.Keeper // nil when anchor_interval is negative
 	log      zerolog.Logger
 	departed chan presence.Change
-	beats    chan protocol.Presence
 	gone     chan string
 }
 
@@ -76,7 +75,7 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 	fo.transfers = newTransfers(t, s.js, store, rel, dead, adv, s.metrics, c.TaskShards, c.RecoveryRetry.Std(),
 		log.With().Str("duty", "transfers").Logger())
 	l := &leader{term: t, view: view, sight: newSight(s.nc, view, st.TTL(), s.now), failover: fo, transfer: fo.transfers, dead: dead, log: log,
-		departed: make(chan presence.Change, 1024), beats: make(chan protocol.Presence, 4096), gone: make(chan string, 1024)}
+		departed: make(chan presence.Change, 1024), gone: make(chan string, 1024)}
 	l.recovery = &recovery{term: t, store: store, release: rel, adv: adv, grace: c.RecoveryGrace.Std(), retry: c.RecoveryRetry.Std(),
 		log: log.With().Str("duty", "recovery").Logger(), built: make(chan struct{})}
 	l.suspects = &suspects{f: fo, view: view, presence: pkv, sight: l.sight, threshold: c.FailureThreshold.Std(),
@@ -101,15 +100,17 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 // route hands a presence change to the components that need it.
 func (l *leader) route(c presence.Change) {
 	if !c.Gone {
-		select {
-		case l.beats <- c.Presence:
-		default: // a missed heartbeat only thins the regularity sample
-		}
+		// Into the tracker (safe for concurrent use) at once, stamped
+		// with its arrival: a heartbeat that waited for the healer was as
+		// old as the healer's cycle, and a slow cycle made every agent
+		// look silent.
+		l.healer.assessor.heartbeat(c.Presence, l.term.now())
 		return
 	}
+	l.healer.assessor.left(c.Key) // in order with its heartbeats
 	select {
 	case l.gone <- c.Key:
-	default:
+	default: // its record ages out of warden_health
 	}
 	select {
 	case l.departed <- c:
@@ -145,7 +146,7 @@ func (s *Supervisor) leadTerm(ctx context.Context, lease leaseHolder, epoch uint
 	g.run(ctx, "failover", func(ctx context.Context) error { return l.suspects.run(ctx, l.departed) })
 	g.run(ctx, "dead letters", l.dead.run)
 	g.run(ctx, "transfers", l.transfer.run)
-	g.run(ctx, "health", func(ctx context.Context) error { return l.healer.run(ctx, l.beats, l.gone) })
+	g.run(ctx, "health", func(ctx context.Context) error { return l.healer.run(ctx, l.gone) })
 	if l.anchors != nil {
 		g.run(ctx, "anchors", l.anchors.Run)
 	}

@@ -1,0 +1,182 @@
+package supervisor_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/wardenhq/warden/internal/supervisor"
+	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
+)
+
+// handmade is an agent made by hand: a presence record the test keeps
+// fresh and a control responder the test scripts, with no runtime behind
+// them. It is for what a real agent will not do on request: answer an
+// order with an error, never answer, or stop moving its heartbeat_at
+// while its presence stays fresh.
+type handmade struct {
+	pool, id string
+
+	mu        sync.Mutex
+	succeeded uint64
+	failed    uint64
+	started   time.Time // started_at
+	frozen    bool      // heartbeat_at stops moving; the record is still refreshed
+	beatAt    time.Time // heartbeat_at of the last record written
+	orders    []string
+}
+
+// answer scripts the control responder: the reply to the n-th order of op
+// (1-based), or nil to leave it unanswered (the request times out).
+type answer func(op string, n int) []byte
+
+// obey answers every order OK.
+func obey(string, int) []byte { return protocol.OKReply("") }
+
+// startHandmade announces pool.id, refreshes its presence every 250 ms and
+// answers its control subject with reply, until the test ends.
+func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *handmade {
+	t.Helper()
+	nc, js := b.srv.Connect(t)
+	kv, err := js.KeyValue(context.Background(), protocol.BucketPresence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &handmade{pool: pool, id: id}
+	counts := map[string]int{}
+	sub, err := nc.Subscribe(protocol.AgentControlSubject(pool, id), func(m *nats.Msg) {
+		var c protocol.Control
+		_ = json.Unmarshal(m.Data, &c)
+		h.mu.Lock()
+		h.orders = append(h.orders, c.Op)
+		counts[c.Op]++
+		n := counts[c.Op]
+		h.mu.Unlock()
+		if r := reply(c.Op, n); r != nil {
+			_ = m.Respond(r)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	h.started = time.Now().UTC()
+	put := func(ctx context.Context) error {
+		h.mu.Lock()
+		if !h.frozen {
+			h.beatAt = time.Now().UTC()
+		}
+		p := protocol.Presence{ID: id, Pool: pool, MaxConcurrent: 4, Succeeded: h.succeeded, Failed: h.failed,
+			Version: "handmade", Host: "test", StartedAt: h.started, HeartbeatAt: h.beatAt,
+			HeartbeatInterval: protocol.Duration(250 * time.Millisecond)}.Routed(streams.DefaultTaskShards)
+		h.mu.Unlock()
+		v, _ := json.Marshal(p)
+		_, err := kv.Put(ctx, protocol.PresenceKey(pool, id), v)
+		return err
+	}
+	if err := put(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = put(ctx)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = sub.Unsubscribe()
+	})
+	return h
+}
+
+// report sets the cumulative counters of the next records.
+func (h *handmade) report(succeeded, failed uint64) {
+	h.mu.Lock()
+	h.succeeded, h.failed = succeeded, failed
+	h.mu.Unlock()
+}
+
+// restart makes the next records those of a new process of the agent,
+// with these counters.
+func (h *handmade) restart(succeeded, failed uint64) {
+	h.mu.Lock()
+	h.started = time.Now().UTC()
+	h.succeeded, h.failed = succeeded, failed
+	h.mu.Unlock()
+}
+
+// freeze stops heartbeat_at moving: the leader sees the record refreshed
+// but no new heartbeat, as if it were missing them.
+func (h *handmade) freeze() {
+	h.mu.Lock()
+	h.frozen = true
+	h.mu.Unlock()
+}
+
+func (h *handmade) Orders() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.orders...)
+}
+
+// healthConfig writes a health file with body and returns its path.
+func healthConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "health.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// supervisorStoppable starts a supervisor on its own connection and
+// returns it with a stop that waits for it to end.
+func (b *bundle) supervisorStoppable(t *testing.T, cfg supervisor.Config) (*supervisor.Supervisor, func()) {
+	t.Helper()
+	vnc, _ := b.srv.Connect(t)
+	v, err := supervisor.New(cfg, vnc, testLogger(t, "supervisor"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, run(t, "supervisor", v.Run)
+}
+
+// healingOf returns the healing events of agent as action/level/outcome,
+// oldest first.
+func (b *bundle) healingOf(t *testing.T, agent string) []protocol.Event {
+	t.Helper()
+	var out []protocol.Event
+	for _, e := range b.events(t, protocol.EventHealing) {
+		if e.Agent == agent {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func lastOrder(orders []string) string {
+	if len(orders) == 0 {
+		return ""
+	}
+	return orders[len(orders)-1]
+}
