@@ -77,17 +77,25 @@ func setupError(name string, err error) error {
 }
 
 // ensureKV creates or updates a bucket unless it matches its definition.
-func ensureKV(ctx context.Context, js jetstream.JetStream, c jetstream.KeyValueConfig) error {
-	h := kvHash(c)
-	if upToDate(ctx, js, "KV_"+c.Bucket, h) {
+// A bucket that refuses roll-ups is made by nats.go without the
+// definition hash, then refuseRollups turns them off and records it.
+func ensureKV(ctx context.Context, js jetstream.JetStream, b bucketDef) error {
+	h := bucketHash(b)
+	if upToDate(ctx, js, "KV_"+b.Bucket, h) {
 		return nil
 	}
-	c.Metadata = withHash(c.Metadata, h)
+	c := b.KeyValueConfig
+	if !b.refusesRollups() {
+		c.Metadata = withHash(c.Metadata, h)
+	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, c); err != nil {
 		if isAPIError(err) {
 			return &IncompatibleError{Name: "KV_" + c.Bucket, Err: err}
 		}
 		return setupError("KV_"+c.Bucket, fmt.Errorf("ensure bucket %s: %w", c.Bucket, err))
+	}
+	if b.refusesRollups() {
+		return refuseRollups(ctx, js, b, h)
 	}
 	return nil
 }

@@ -163,29 +163,45 @@ func Anchored(opts Options) ([]string, error) {
 	return out, nil
 }
 
-// KeyValueConfigs returns the job store, presence, leases, health and clusters buckets.
+// KeyValueConfigs returns the job store, presence, leases, health,
+// clusters and deployment buckets, in nats.go's form (which cannot say
+// whether a bucket refuses roll-ups: Ensure applies that, see rollups.go).
 func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
+	bs, err := buckets(opts)
+	return kvConfigs(bs), err
+}
+
+// buckets returns the definitions KeyValueConfigs describes.
+func buckets(opts Options) ([]bucketDef, error) {
 	opts = opts.withDefaults()
-	var out []jetstream.KeyValueConfig
-	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json"} {
-		var c jetstream.KeyValueConfig
-		if err := decode(f, &c); err != nil {
+	var out []bucketDef
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json", "kv_deployment.json"} {
+		b, err := decodeBucket(f)
+		if err != nil {
 			return nil, err
 		}
-		c.Replicas = opts.Replicas
-		switch c.Bucket {
+		b.Replicas = opts.Replicas
+		switch b.Bucket {
 		case protocol.BucketPresence:
 			if opts.PresenceTTL > 0 {
-				c.TTL = opts.PresenceTTL
+				b.TTL = opts.PresenceTTL
 			}
 		case protocol.BucketLeases:
 			if opts.LeaseTTL > 0 {
-				c.TTL = opts.LeaseTTL
+				b.TTL = opts.LeaseTTL
 			}
 		}
-		out = append(out, c)
+		out = append(out, b)
 	}
 	return out, nil
+}
+
+func kvConfigs(bs []bucketDef) []jetstream.KeyValueConfig {
+	out := make([]jetstream.KeyValueConfig, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, b.KeyValueConfig)
+	}
+	return out
 }
 
 // TaskConsumer returns an agent's task consumer on its shard stream.
@@ -278,7 +294,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 			return err
 		}
 	}
-	kvs, err := KeyValueConfigs(opts)
+	kvs, err := buckets(opts)
 	if err != nil {
 		return err
 	}

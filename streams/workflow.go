@@ -25,17 +25,23 @@ func WorkflowStreamConfigs(opts Options) ([]jetstream.StreamConfig, error) {
 	return []jetstream.StreamConfig{c}, nil
 }
 
-// WorkflowKeyValueConfigs returns the concurrency and rate-limit buckets.
+// WorkflowKeyValueConfigs returns the concurrency and rate-limit buckets,
+// in nats.go's form (see KeyValueConfigs).
 func WorkflowKeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
+	bs, err := workflowBuckets(opts)
+	return kvConfigs(bs), err
+}
+
+func workflowBuckets(opts Options) ([]bucketDef, error) {
 	opts = opts.withDefaults()
-	var out []jetstream.KeyValueConfig
+	var out []bucketDef
 	for _, f := range []string{"kv_concurrency.json", "kv_ratelimits.json"} {
-		var c jetstream.KeyValueConfig
-		if err := decode(f, &c); err != nil {
+		b, err := decodeBucket(f)
+		if err != nil {
 			return nil, err
 		}
-		c.Replicas = opts.Replicas
-		out = append(out, c)
+		b.Replicas = opts.Replicas
+		out = append(out, b)
 	}
 	return out, nil
 }
@@ -52,7 +58,7 @@ func EnsureWorkflow(ctx context.Context, js jetstream.JetStream, opts Options) e
 			return err
 		}
 	}
-	kvs, err := WorkflowKeyValueConfigs(opts)
+	kvs, err := workflowBuckets(opts)
 	if err != nil {
 		return err
 	}
