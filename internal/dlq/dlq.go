@@ -1,11 +1,13 @@
 package dlq
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,7 +46,9 @@ func (e *NotRetriableError) Error() string {
 // Unwrap makes errors.Is(err, ErrNotRetriable) and ErrWrongState hold.
 func (e *NotRetriableError) Unwrap() error { return ErrNotRetriable }
 
-// Letter is one dead letter. ID is its sequence in WARDEN_DLQ.
+// Letter is one dead letter. ID is its sequence in WARDEN_DLQ. It is a
+// view: Headers and Payload are the stored message's, less the task's lease
+// token (see fromRaw).
 type Letter struct {
 	ID         uint64              `json:"id"`
 	Subject    string              `json:"subject"`
@@ -60,6 +64,14 @@ type Letter struct {
 	Payload    json.RawMessage     `json:"payload"`
 }
 
+// fromRaw makes the view of a stored letter. A letter is a copy of a task:
+// its Warden-Token header and its body's "token" carry the dispatch's lease
+// token, which only the scheduler and the agent holding the task may know
+// (a result's Nats-Msg-Id contains it: whoever knows it can take that id
+// first, and the genuine result is dropped as a duplicate). The step may
+// still hold that token: a letter is stored before its step is marked, and
+// withdrawn if a result wins the race. Neither is in the view, which
+// operators, the HTTP API and the readonly identity read.
 func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 	h := raw.Header
 	l := Letter{
@@ -67,15 +79,56 @@ func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 		JobID: h.Get(protocol.HeaderJob), StepID: h.Get(protocol.HeaderStep), Epoch: h.Get(protocol.HeaderEpoch),
 		Reason: h.Get(protocol.HeaderDLQReason), Detail: h.Get(protocol.HeaderDLQDetail),
 		Deliveries: h.Get(protocol.HeaderDLQDeliveries), LastError: h.Get(protocol.HeaderDLQLastError),
-		Headers: map[string][]string(h),
+		Headers: make(map[string][]string, len(h)),
+	}
+	for k, v := range h {
+		if !strings.EqualFold(k, protocol.HeaderToken) {
+			l.Headers[k] = v
+		}
 	}
 	if json.Valid(raw.Data) {
-		l.Payload = raw.Data
+		l.Payload = withoutToken(raw.Data)
 	} else {
 		b, _ := json.Marshal(string(raw.Data))
 		l.Payload = b
 	}
 	return l
+}
+
+// withoutToken returns the JSON document data less the top-level members
+// named token (in any case: encoding/json would read "Token" into a task's
+// token too), the others in their order; data itself when it is not an
+// object or has no such member.
+func withoutToken(data []byte) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return data
+	}
+	out, found := []byte{'{'}, false
+	for dec.More() {
+		t, err := dec.Token()
+		key, ok := t.(string)
+		if err != nil || !ok {
+			return data
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return data
+		}
+		if strings.EqualFold(key, "token") {
+			found = true
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		k, _ := json.Marshal(key)
+		out = append(append(append(out, k...), ':'), v...)
+	}
+	if !found {
+		return data
+	}
+	return append(out, '}')
 }
 
 // Queue is the dead-letter stream.

@@ -27,7 +27,8 @@ func (o *Ops) SubmitJob(ctx context.Context, body []byte) (client.Receipt, error
 }
 
 // Job reads a job with its steps in spec order; each step carries its
-// attempts (the retry chain).
+// attempts (the retry chain), and never its lease token (client.Job): the
+// read endpoints serve it to the read scope, anonymous readers included.
 func (o *Ops) Job(ctx context.Context, id string) (client.JobDetail, error) {
 	if !protocol.ValidToken(id) {
 		return client.JobDetail{}, Errorf(CodeNotFound, "job %q: not found", id)
@@ -252,7 +253,8 @@ func (o *Ops) Overview(ctx context.Context) (Overview, error) {
 	return ov, nil
 }
 
-// DeadLetters lists up to limit dead letters, oldest first.
+// DeadLetters lists up to limit dead letters, oldest first, without their
+// tasks' lease tokens (dlq.Letter).
 func (o *Ops) DeadLetters(ctx context.Context, limit int) ([]dlq.Letter, error) {
 	q, err := o.dlq(ctx)
 	if err != nil {

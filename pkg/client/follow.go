@@ -33,6 +33,7 @@ type Update struct {
 // Follow watches a job until its record is terminal and returns that final
 // record. onUpdate, if not nil, is called (from Follow's goroutine) with the
 // initial state and then after every change to the job or one of its steps.
+// Records come without their steps' lease tokens (records.go).
 //
 // A job that does not exist yet is waited for: a submission is accepted
 // before the scheduler writes the record. Bound the wait with ctx.
@@ -126,10 +127,10 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*Step, error) {
 		if err := json.Unmarshal(e.Value(), &j); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
 		}
-		f.job = &j
+		f.job = jobView(&j)
 		// A one-step job keeps its step inside the job record.
 		var changed *jobstore.Step
-		for _, st := range j.Steps {
+		for _, st := range f.job.Steps {
 			old := f.steps[st.ID]
 			if old == nil || old.State != st.State || old.Epoch != st.Epoch || !old.UpdatedAt.Equal(st.UpdatedAt) {
 				changed = st
@@ -145,8 +146,9 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*Step, error) {
 	if err := json.Unmarshal(e.Value(), &s); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
 	}
-	f.steps[s.ID] = &s
-	return &s, nil
+	v := stepView(&s)
+	f.steps[s.ID] = v
+	return v, nil
 }
 
 // ordered returns the steps in spec order once the job is known, by id

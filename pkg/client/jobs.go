@@ -47,7 +47,7 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 			if err := json.Unmarshal(e.Value(), &j); err != nil {
 				return fmt.Errorf("decode %s: %w", e.Key(), err)
 			}
-			jobs[j.ID] = &j
+			jobs[j.ID] = jobView(&j)
 			for _, s := range j.Steps { // a one-step job's step is inline
 				if s.State.Terminal() {
 					done[j.ID]++
@@ -97,9 +97,10 @@ type JobDetail struct {
 	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
-// Job reads one job and its steps. A job accepted but not made yet (held
-// until its start time, or queued for a scheduler) is reported from its
-// submission, with Held set. ErrNotFound if there is no such job.
+// Job reads one job and its steps, without their lease tokens (records.go).
+// A job accepted but not made yet (held until its start time, or queued for
+// a scheduler) is reported from its submission, with Held set. ErrNotFound
+// if there is no such job.
 func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if !protocol.ValidToken(id) {
 		return JobDetail{}, fmt.Errorf("job %q: %w", id, ErrNotFound)
@@ -134,9 +135,9 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	d := JobDetail{Job: j, Steps: make([]*Step, 0, len(vs))}
+	d := JobDetail{Job: jobView(j), Steps: make([]*Step, 0, len(vs))}
 	for _, s := range vs {
-		d.Steps = append(d.Steps, s.Step)
+		d.Steps = append(d.Steps, stepView(s.Step))
 	}
 	return d, nil
 }

@@ -4,8 +4,8 @@ import "github.com/wardenhq/warden/internal/jobstore"
 
 // The job store's records, as Follow, Job and Jobs return them: the JSON
 // documents the scheduler keeps in the warden_jobs bucket
-// (docs/protocol.md). They are read-only views here; only the scheduler
-// and the supervisor change them.
+// (docs/protocol.md), less each step's lease token (see view). They are
+// read-only views here; only the scheduler and the supervisor change them.
 type (
 	// Job is a job's record: its spec, desired and current state.
 	Job = jobstore.Job
@@ -48,3 +48,38 @@ const (
 	// StepExpired: the step had not started by its expiry.
 	StepExpired = jobstore.StepExpired
 )
+
+// The views Job, Jobs and Follow return never carry a step's lease token
+// (Step.Token, "token" in the record): only the scheduler and the agent
+// holding the task may know it. A result's Nats-Msg-Id contains it
+// (protocol.ResultMsgID) and the results stream drops a second message
+// with the same id, so whoever read it could publish under that id first:
+// the genuine result would come back a duplicate and be lost, and the step
+// would stall until its lease ended (docs/security.md). A dispatched step
+// shows its lease by its actor and locked_until.
+
+// stepView returns a copy of s without its lease token.
+func stepView(s *Step) *Step {
+	if s == nil {
+		return nil
+	}
+	v := *s
+	v.Token = ""
+	return &v
+}
+
+// jobView returns a copy of j whose inline steps (a one-step job keeps its
+// step in the job record) have no lease token.
+func jobView(j *Job) *Job {
+	if j == nil {
+		return nil
+	}
+	v := *j
+	if j.Steps != nil {
+		v.Steps = make([]*Step, len(j.Steps))
+		for i, s := range j.Steps {
+			v.Steps[i] = stepView(s)
+		}
+	}
+	return &v
+}
