@@ -9,9 +9,11 @@
 // finished job's failed, dead-lettered and cancelled steps the same way, in
 // one pass (reopen.go).
 //
-// Invariants: a letter is deleted only after what it stands for is safely
-// elsewhere (retry) or on an operator's explicit purge; nothing else deletes
-// from WARDEN_DLQ. A reopen never undoes a cancel: a job being cancelled is
+// Invariants: this package deletes a letter only after what it stands for
+// is safely elsewhere (retry) or on an operator's explicit purge. The
+// stream's own bounds drop the oldest letters too (30 days, the newest 100
+// per agent, 1 GiB: streams/dlq.json); a step whose letter went stays
+// dead-lettered in the job store, and a job retry runs it. A reopen never undoes a cancel: a job being cancelled is
 // refused, and so is a cancelled one for a dead-letter retry
 // (JobCancelledError); only a job retry, asked for the whole finished job,
 // runs a cancelled job again. Every write is a compare-and-set at the
