@@ -60,25 +60,54 @@ type failover struct {
 	transfers *transfers
 }
 
-// transfer fails over agent pool.agent, which departed, now; trigger names
-// what caused it (a departure) and makes the record's id. The tasks it had
-// in hand count towards their steps' poison threshold: the agent may have
-// died of one of them.
+// departure says how an agent whose queue is moved left, which decides
+// whether the tasks it had in hand count towards their steps' poison
+// threshold (see cause.suspect).
+type departure int
+
+const (
+	// agentFailed: its presence expired (it crashed, hung or was cut
+	// off), or it is gone for a reason nobody saw. Its tasks in hand are
+	// suspects: it may have died of one of them.
+	agentFailed departure = iota
+	// agentStopped: it deleted its own presence, as an agent does at
+	// the end of a graceful stop, having handed back (or finished) what it
+	// ran: nothing crashed, and its tasks in hand are no suspects.
+	agentStopped
+	// agentPresent: it has not left (a healing drain or failover, an
+	// operator's order); no suspects either.
+	agentPresent
+)
+
+// transfer fails over agent pool.agent, which departed (how: failed or
+// stopped), now; trigger names what caused it (a departure) and makes the
+// record's id. The tasks a failed agent had in hand count towards their
+// steps' poison threshold: it may have died of one of them. Those of an
+// agent that stopped cleanly do not: it lived to hand them back, and
+// counting them dead-lettered a long step as poison after three graceful
+// stops (a rolling restart, a scale-down).
 func (f *failover) transfer(ctx context.Context, pool, agent, trigger string) (FailoverRecord, error) {
-	return f.move(ctx, pool, agent, trigger, true)
+	return f.move(ctx, pool, agent, trigger, agentFailed)
+}
+
+// transferStopped is transfer for an agent that stopped cleanly (see
+// agentStopped).
+func (f *failover) transferStopped(ctx context.Context, pool, agent, trigger string) (FailoverRecord, error) {
+	return f.move(ctx, pool, agent, trigger, agentStopped)
 }
 
 // transferLive moves the queue of agent pool.agent, which is present (a
 // healing drain or failover, an operator's order), as transfer does; but
 // the tasks it had in hand do not count towards poison: nothing crashed,
 // and counting them dead-lettered a long step moved off three drained
-// agents as poison. Only departures and lease expiries count.
+// agents as poison. Only crashes (expired presences) and lease expiries
+// count.
 func (f *failover) transferLive(ctx context.Context, pool, agent, trigger string) (FailoverRecord, error) {
-	return f.move(ctx, pool, agent, trigger, false)
+	return f.move(ctx, pool, agent, trigger, agentPresent)
 }
 
-// move moves agent pool.agent's queue; gone says the agent departed.
-func (f *failover) move(ctx context.Context, pool, agent, trigger string, gone bool) (FailoverRecord, error) {
+// move moves agent pool.agent's queue; how says how the agent left.
+func (f *failover) move(ctx context.Context, pool, agent, trigger string, how departure) (FailoverRecord, error) {
 	rec := FailoverRecord{ID: failoverID(pool, agent, trigger), Agent: agent, Pool: pool, StartedAt: f.term.now().UTC()}
 	q, ok := agentQueue(pool, agent, f.shards)
 	if !ok {
@@ -87,7 +116,7 @@ func (f *failover) move(ctx context.Context, pool, agent, trigger string, gone b
 	if err := f.term.fence(); err != nil {
 		return rec, err
 	}
-	moved, err := f.drainQueue(ctx, q, gone, &rec)
+	moved, err := f.drainQueue(ctx, q, how, &rec)
 	if err != nil {
 		return rec, err
 	}
@@ -106,9 +135,9 @@ func failoverID(pool, agent, trigger string) string {
 
 // drainQueue releases the step of every task in q and deletes the task;
 // it returns the steps released, by job (a job with no step is one whose
-// step was parked or cancelled: it must move on too). gone says q's agent
-// departed (see transfer).
-func (f *failover) drainQueue(ctx context.Context, q queue, gone bool, rec *FailoverRecord) (map[string][]string, error) {
+// step was parked or cancelled: it must move on too). how says how q's
+// agent left (see transfer).
+func (f *failover) drainQueue(ctx context.Context, q queue, how departure, rec *FailoverRecord) (map[string][]string, error) {
 	stream, err := f.js.Stream(ctx, q.stream)
 	if err != nil {
 		return nil, fmt.Errorf("task stream %s: %w", q.stream, err)
@@ -133,7 +162,7 @@ func (f *failover) drainQueue(ctx context.Context, q queue, gone bool, rec *Fail
 		if raw.Subject != q.subject {
 			continue // never: the read is filtered on the agent's own subject
 		}
-		if err := f.transferTask(ctx, q, raw, gone, raw.Sequence <= delivered, moved, rec); err != nil {
+		if err := f.transferTask(ctx, q, raw, how, raw.Sequence <= delivered, moved, rec); err != nil {
 			return nil, err
 		}
 		if err := f.term.deleteMsg(ctx, stream, raw.Sequence); err != nil {
@@ -144,8 +173,8 @@ func (f *failover) drainQueue(ctx context.Context, q queue, gone bool, rec *Fail
 
 // transferTask releases the step one queued task stands for; inFlight says
 // the agent's consumer delivered it. It is a suspect (see cause) only if
-// the agent departed with it in hand.
-func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.RawStreamMsg, gone, inFlight bool,
+// the agent failed with it in hand.
+func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.RawStreamMsg, how departure, inFlight bool,
 	moved map[string][]string, rec *FailoverRecord) error {
 	job, step := raw.Header.Get(protocol.HeaderJob), raw.Header.Get(protocol.HeaderStep)
 	epoch, _ := strconv.ParseUint(raw.Header.Get(protocol.HeaderEpoch), 10, 64)
@@ -153,11 +182,14 @@ func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.Raw
 		return nil // not a task of ours; deleted from the agent's queue
 	}
 	reason := "agent " + q.agent + " failed"
-	if !gone {
+	switch how {
+	case agentStopped:
+		reason = "agent " + q.agent + " stopped and did not return"
+	case agentPresent:
 		reason = "moved off agent " + q.agent + ", present"
 	}
 	out, err := f.release.release(ctx, job, step, cause{status: statusTransferred, reason: reason,
-		agent: q.agent, epoch: epoch, suspect: gone && inFlight, task: raw})
+		agent: q.agent, epoch: epoch, suspect: how == agentFailed && inFlight, task: raw})
 	if err != nil {
 		return err
 	}
@@ -166,7 +198,7 @@ func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.Raw
 		moved[job] = append(moved[job], step)
 		rec.TasksMoved++
 		if c := raw.Header.Get(protocol.HeaderCluster); c != "" {
-			f.transfers.note(transferNote{job: job, step: step, cluster: c, from: q.pool + "." + q.agent, at: f.term.now()})
+			f.transfers.note(transferNote{job: job, step: step, cluster: c, from: q.pool + "." + q.agent, epoch: epoch, at: f.term.now()})
 		}
 	case cancelled, parked:
 		if _, ok := moved[job]; !ok {

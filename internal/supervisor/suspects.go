@@ -15,10 +15,20 @@ import (
 // suspect is an agent whose presence vanished, waiting out the threshold.
 type suspect struct {
 	pool, agent string
-	how         string // "stopped", "presence expired", "absent with tasks queued"
+	how         string // howStopped, howExpired, howOrphaned
 	trigger     string // names this departure (failoverID)
 	since       time.Time
 }
+
+// How a suspect left (the agent_failed event's reason).
+const (
+	// howStopped: it deleted its presence, at the end of a graceful stop.
+	howStopped = "stopped"
+	// howExpired: its presence expired (it crashed, hung or was cut off).
+	howExpired = "presence expired"
+	// howOrphaned: found absent with tasks in its queue; nobody saw it go.
+	howOrphaned = "absent with tasks queued"
+)
 
 // suspects turns departures into failovers: an agent gone for longer than
 // the failure threshold, and still absent when asked directly, is failed
@@ -62,9 +72,9 @@ func (s *suspects) depart(c presence.Change) {
 	if c.Presence.ID == "" {
 		return // never seen alive by this leader; the orphan scan covers it
 	}
-	how := "stopped"
+	how := howStopped
 	if c.Expired {
-		how = "presence expired"
+		how = howExpired
 	}
 	s.log.Warn().Str("agent", c.Key).Str("how", how).Dur("threshold", s.threshold).Msg("agent gone; failing over after the threshold unless it returns")
 	s.pending[c.Key] = suspect{pool: c.Presence.Pool, agent: c.Presence.ID, how: how, trigger: departureTrigger(c), since: s.f.term.now()}
@@ -119,7 +129,13 @@ func (s *suspects) judge(ctx context.Context, key string, sp suspect) error {
 		Data: map[string]string{"pool": sp.pool, "trigger": sp.trigger}}); err != nil {
 		return err
 	}
-	_, err = s.f.transfer(ctx, sp.pool, sp.agent, sp.trigger)
+	move := s.f.transfer
+	if sp.how == howStopped {
+		// It lived to hand back what it ran: its tasks in hand are no
+		// poison suspects (see agentStopped).
+		move = s.f.transferStopped
+	}
+	_, err = move(ctx, sp.pool, sp.agent, sp.trigger)
 	return err
 }
 
@@ -142,8 +158,14 @@ func (s *suspects) present(ctx context.Context, pool, agent string) (bool, error
 }
 
 // orphans finds agents that left work in their queue while no leader
-// watched: consumers with pending tasks whose agent is not present. Only
-// consumers on the task subject their own name and pool derive count.
+// watched: task subjects holding tasks whose agent is not present. Only
+// subjects a pool and agent derive count. It reads the task streams'
+// subjects, not the agents' consumers: a consumer is kept in memory, and
+// a server restart forgets those of the agents that are gone, while
+// their tasks stay in the stream. Found through the consumers only, an
+// agent that crashed around a restart that also ended the leader's term
+// (so no departure was seen) was not failed over: its steps waited for
+// their leases.
 func (s *suspects) orphans(ctx context.Context) map[string]suspect {
 	out := map[string]suspect{}
 	present := map[string]bool{}
@@ -153,21 +175,26 @@ func (s *suspects) orphans(ctx context.Context) map[string]suspect {
 	for shard := 0; shard < s.f.shards; shard++ {
 		stream, err := s.f.js.Stream(ctx, protocol.TaskStream(shard))
 		if err != nil {
+			s.log.Warn().Err(err).Int("shard", shard).Msg("orphan scan: task stream not readable; its agents' steps wait for their leases")
 			continue
 		}
-		lister := stream.ListConsumers(ctx)
-		for info := range lister.Info() {
-			q, ok := taskOwner(info.Config.FilterSubject, s.f.shards)
-			if !ok || q.consumer != info.Name || q.stream != protocol.TaskStream(shard) {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(protocol.TaskStreamSubjects(shard)))
+		if err != nil {
+			s.log.Warn().Err(err).Int("shard", shard).Msg("orphan scan: task subjects not readable; its agents' steps wait for their leases")
+			continue
+		}
+		for subject, n := range info.State.Subjects {
+			q, ok := taskOwner(subject, s.f.shards)
+			if !ok || q.stream != protocol.TaskStream(shard) || n == 0 {
 				continue
 			}
 			key := protocol.PresenceKey(q.pool, q.agent)
-			if present[key] || info.NumPending+uint64(info.NumAckPending) == 0 {
+			if present[key] {
 				continue
 			}
-			out[key] = suspect{pool: q.pool, agent: q.agent, how: "absent with tasks queued", trigger: "orphaned:" + s.f.term.now().UTC().Format(time.RFC3339), since: s.f.term.now()}
-			s.log.Warn().Str("agent", key).Uint64("queued", info.NumPending).Int("unacked", info.NumAckPending).
-				Msg("agent absent with tasks in its queue; failing over after the threshold")
+			now := s.f.term.now()
+			out[key] = suspect{pool: q.pool, agent: q.agent, how: howOrphaned, trigger: "orphaned:" + now.UTC().Format(time.RFC3339), since: now}
+			s.log.Warn().Str("agent", key).Uint64("tasks", n).Msg("agent absent with tasks in its queue; failing over after the threshold")
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,7 +20,10 @@ import (
 // transferNote is one cluster step the failover moved off a member.
 type transferNote struct {
 	job, step, cluster, from string
-	at                       time.Time
+	// epoch is the dispatch moved (its task's epoch): only what happens
+	// to the step after it, a dispatch with a higher epoch, is judged.
+	epoch uint64
+	at    time.Time
 }
 
 // transferWatch is a moved step awaiting its verdict.
@@ -28,15 +32,29 @@ type transferWatch struct {
 	policy  cluster.TransferPolicy
 	retries int
 	due     time.Time
+	// judged is the step as the last judgement found it not taken up:
+	// a give-up parks it only as long as it is still so.
+	judged judgement
 }
+
+// judgement is the state and epoch of a step judged not taken up.
+type judgement struct {
+	state jobstore.StepState
+	epoch uint64
+}
+
+// errMovedOn: the step changed between its judgement and its give-up; it
+// is judged again.
+var errMovedOn = errors.New("transferred step moved on since it was judged")
 
 // transfers enforces the cluster failover policy on the steps failover
 // moves off a failed cluster member (task_transfer_timeout,
 // max_transfer_retries; docs/clusters.md "Task transfer"): a moved step
-// whose task no member has taken up (delivered to it) within the timeout
-// is moved again, the member that sat on it being avoided where the mode
-// allows a choice; after max_transfer_retries it is dead-lettered
-// (transfer_timeout). What it watches lives in this term's memory: after a
+// that no member has taken up within the timeout (no dispatch after the
+// move delivered or reported on: see judge) is moved again, the member
+// that sat on it being avoided where the mode allows a choice; after
+// max_transfer_retries it is dead-lettered (transfer_timeout). A step held
+// back by something other than the cluster is given another timeout. What it watches lives in this term's memory: after a
 // supervisor failover a moved step is bounded by its own lease again.
 type transfers struct {
 	js      jetstream.JetStream
@@ -125,7 +143,7 @@ func minTime(a, b time.Time) time.Time {
 func (x *transfers) watch(ctx context.Context, watching map[string]*transferWatch, n transferNote) {
 	key := n.job + "." + n.step
 	if w, ok := watching[key]; ok {
-		w.from, w.at, w.due = n.from, n.at, n.at.Add(w.policy.Timeout)
+		w.from, w.epoch, w.at, w.due = n.from, n.epoch, n.at, n.at.Add(w.policy.Timeout)
 		return
 	}
 	p, err := x.policy(ctx, n.cluster)
@@ -153,7 +171,16 @@ func (x *transfers) policy(ctx context.Context, name string) (cluster.TransferPo
 }
 
 // judge decides one moved step whose timeout has passed; keep says it is
-// still watched (moved again, due after another timeout).
+// still watched (moved again, held back, or changed under a give-up: due
+// again later).
+//
+// Only the dispatches after the move count (epochs above w.epoch): the
+// step was taken up if one of them was delivered to its member or a
+// member reported a result for one (a failure to be retried after a
+// backoff too: the cluster ran it). A refusal (class reroute) is no
+// result: the member did not take it. A step that waits for something
+// other than a member (see heldBack) is not judged: the clock starts
+// again, no retry is spent.
 func (x *transfers) judge(ctx context.Context, w *transferWatch) (keep bool, err error) {
 	if err := x.term.fence(); err != nil {
 		return false, err
@@ -165,18 +192,33 @@ func (x *transfers) judge(ctx context.Context, w *transferWatch) (keep bool, err
 	if err != nil {
 		return false, err
 	}
+	if st.State != jobstore.StepPending && st.State != jobstore.StepDispatched {
+		return false, nil // it ended meanwhile
+	}
+	now := x.term.now()
+	if a := resultAfter(st, w.epoch); a != nil {
+		x.log.Info().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("member", st.Pool+"."+a.Agent).
+			Uint64(logging.FieldEpoch, a.Epoch).Str("result", a.Status).Int("retries", w.retries).Msg("transferred step taken up: a member reported on it")
+		return false, nil
+	}
 	var raw *jetstream.RawStreamMsg
-	member, takenUp := "", false
+	member, takenUp, held := "", false, ""
 	switch st.State {
 	case jobstore.StepPending:
-		// No member could be chosen all along: not taken up either.
+		// Waiting for a member, all along or since a refusal: not taken up,
+		// unless something else holds it back.
+		held = heldBack(st, now)
 	case jobstore.StepDispatched:
 		member = st.Pool + "." + st.Actor
-		if raw, takenUp, err = x.takenUp(ctx, st); err != nil {
+		if raw, takenUp, held, err = x.takenUp(ctx, st); err != nil {
 			return false, err
 		}
-	default:
-		return false, nil // it ended meanwhile
+	}
+	if held != "" && !takenUp {
+		w.at, w.due = now, now.Add(w.policy.Timeout)
+		x.log.Info().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("held_by", held).
+			Int("retries", w.retries).Msg("transferred step held back by something other than the cluster: judged again after another timeout")
+		return true, nil
 	}
 	switch cluster.JudgeTransfer(takenUp, w.retries, w.policy) {
 	case cluster.TransferDone:
@@ -186,30 +228,80 @@ func (x *transfers) judge(ctx context.Context, w *transferWatch) (keep bool, err
 	case cluster.TransferRetry:
 		return true, x.retryTransfer(ctx, w, st, member, raw)
 	default:
-		return false, x.giveUp(ctx, w, member, raw)
+		w.judged = judgement{state: st.State, epoch: st.Epoch}
+		err := x.giveUp(ctx, w, member, raw)
+		if errors.Is(err, errMovedOn) {
+			w.due = x.term.now().Add(x.retry)
+			return true, nil
+		}
+		return false, err
 	}
+}
+
+// resultAfter returns the latest attempt of a dispatch after epoch moved
+// that a member reported on (succeeded, or failed other than by refusing
+// it), or nil.
+func resultAfter(st *jobstore.Step, moved uint64) *jobstore.Attempt {
+	for i := len(st.Attempts) - 1; i >= 0; i-- {
+		a := &st.Attempts[i]
+		if a.Epoch <= moved {
+			break
+		}
+		if (a.Status == protocol.ResultSucceeded || a.Status == protocol.ResultFailed) && a.Class != protocol.ClassReroute {
+			return a
+		}
+	}
+	return nil
+}
+
+// Waits the scheduler records on a pending step (its waiting field,
+// internal/scheduler) that are the step's own gates, not the cluster's
+// want of a member: a concurrency key, a rate limit, higher-priority work.
+// Matched on the texts the scheduler writes, which are all the record
+// says; a wait not listed counts as the cluster's, as before.
+var ownWaits = []string{"waiting for concurrency key ", "concurrency key ", "waiting for rate limit ", "rate limit ",
+	"behind higher-priority work"}
+
+// heldBack says what holds a pending step back other than the cluster's
+// want of a member (empty: nothing): a backoff (not a refusal's short
+// one), or one of its own gates.
+func heldBack(st *jobstore.Step, now time.Time) string {
+	if st.NotBefore.After(now) {
+		n := len(st.Attempts)
+		if n == 0 || st.Attempts[n-1].Epoch != st.Epoch || st.Attempts[n-1].Class != protocol.ClassReroute {
+			return "backoff until " + st.NotBefore.UTC().Format(time.RFC3339)
+		}
+	}
+	for _, p := range ownWaits {
+		if strings.HasPrefix(st.Waiting, p) {
+			return st.Waiting
+		}
+	}
+	return ""
 }
 
 // takenUp finds the step's task in its member's queue and reports whether
 // the member's consumer has delivered it. A task no longer in the queue
-// was acked or terminated by the member: it had it.
-func (x *transfers) takenUp(ctx context.Context, st *jobstore.Step) (*jetstream.RawStreamMsg, bool, error) {
+// was acked or terminated by the member: it had it. held is set when it
+// was not delivered because the member has as many tasks in hand as its
+// consumer allows (max_ack_pending): the member works, and the leases of
+// the tasks in its hands bound the wait.
+func (x *transfers) takenUp(ctx context.Context, st *jobstore.Step) (raw *jetstream.RawStreamMsg, up bool, held string, err error) {
 	q, ok := agentQueue(st.Pool, st.Actor, x.shards)
 	if !ok {
-		return nil, true, nil // not a queue we may judge; the lease bounds it
+		return nil, true, "", nil // not a queue we may judge; the lease bounds it
 	}
 	stream, err := x.js.Stream(ctx, q.stream)
 	if err != nil {
-		return nil, false, fmt.Errorf("task stream %s: %w", q.stream, err)
+		return nil, false, "", fmt.Errorf("task stream %s: %w", q.stream, err)
 	}
-	var raw *jetstream.RawStreamMsg
 	for seq := uint64(1); raw == nil; {
 		m, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(q.subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, true, nil
+			return nil, true, "", nil
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("read queue of %s: %w", q.agent, err)
+			return nil, false, "", fmt.Errorf("read queue of %s: %w", q.agent, err)
 		}
 		seq = m.Sequence + 1
 		epoch, _ := strconv.ParseUint(m.Header.Get(protocol.HeaderEpoch), 10, 64)
@@ -219,16 +311,22 @@ func (x *transfers) takenUp(ctx context.Context, st *jobstore.Step) (*jetstream.
 	}
 	cons, err := stream.Consumer(ctx, q.consumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return raw, false, nil // the member never even asked for work
+		return raw, false, "", nil // the member never even asked for work
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("consumer of %s: %w", q.agent, err)
+		return nil, false, "", fmt.Errorf("consumer of %s: %w", q.agent, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("consumer of %s: %w", q.agent, err)
+		return nil, false, "", fmt.Errorf("consumer of %s: %w", q.agent, err)
 	}
-	return raw, info.Delivered.Stream >= raw.Sequence, nil
+	if info.Delivered.Stream >= raw.Sequence {
+		return raw, true, "", nil
+	}
+	if limit := info.Config.MaxAckPending; limit > 0 && info.NumAckPending >= limit {
+		held = fmt.Sprintf("member %s has %d tasks in hand, its max_ack_pending", q.pool+"."+q.agent, info.NumAckPending)
+	}
+	return raw, false, held, nil
 }
 
 // retryTransfer moves the step again: released back to pending (the
@@ -250,7 +348,7 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 		}
 		x.dead.dropTask(ctx, raw)
 	}
-	w.retries, w.from, w.at = n, member, x.term.now()
+	w.retries, w.from, w.epoch, w.at = n, member, st.Epoch, x.term.now()
 	w.due = w.at.Add(w.policy.Timeout)
 	x.metrics.transferRetries.WithLabelValues(w.cluster).Inc()
 	x.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("cluster", w.cluster).Str("member", member).
@@ -262,11 +360,15 @@ func (x *transfers) retryTransfer(ctx context.Context, w *transferWatch, st *job
 }
 
 // giveUp dead-letters the step (transfer_timeout), unless its job is being
-// cancelled: then it ends cancelled as any released step would. raw is the
-// step's task in the member's queue, if judge found one: it is deleted only
-// once the park has landed (see park), so a give-up interrupted before that
-// finds it again when judged again, not taken up; a step that moved on to
-// its end meanwhile needs it no more.
+// cancelled: then it ends cancelled as any released step would. The step
+// must still be as judge found it (w.judged, state and epoch; unset: as
+// its first read here finds it): one dispatched again, or reported on,
+// since is never parked for what an earlier dispatch did not do; giveUp
+// returns errMovedOn and it is judged again. raw is the step's task in the
+// member's queue, if judge found one: it is deleted only once the park has
+// landed (see park), so a give-up interrupted before that finds it again
+// when judged again, not taken up; a step that moved on to its end
+// meanwhile needs it no more.
 func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string, raw *jetstream.RawStreamMsg) error {
 	why := cluster.TransferGiveUpReason(w.cluster, member, w.policy)
 	// The letters of parks that lost their CAS: withdrawn if the step
@@ -296,6 +398,17 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 				x.dead.withdraw(ctx, sent, st, parkedLetter{})
 			}
 			return err
+		}
+		if w.judged.state == "" {
+			w.judged = judgement{state: st.State, epoch: st.Epoch}
+		}
+		if st.State != w.judged.state || st.Epoch != w.judged.epoch {
+			// Dispatched again, or reported on, since it was judged: judge
+			// what it is now.
+			x.dead.withdraw(ctx, sent, st, parkedLetter{})
+			x.log.Info().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("state", string(st.State)).
+				Uint64(logging.FieldEpoch, st.Epoch).Msg("transferred step moved on before its give-up: judged again")
+			return errMovedOn
 		}
 		if st.State == jobstore.StepDispatched && (raw == nil || raw.Header.Get(protocol.HeaderEpoch) != strconv.FormatUint(st.Epoch, 10)) {
 			raw = nil // the task read is not this dispatch's; the letter is rebuilt from the record
