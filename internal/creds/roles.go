@@ -273,13 +273,15 @@ func Agent(pool, id string, taskShards int) (Role, error) {
 			"$JS.API.CONSUMER.DELETE." + stream + "." + id,
 			"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + id,
 			"$JS.ACK." + stream + "." + id + ".>",
-			// Its presence key: write, read, and watch it alone.
+			// Its presence key: write it and read it (direct gets). No
+			// consumer: permissions pin a consumer's name and filter, not
+			// its deliver subject, and the server would deliver what the
+			// agent wrote to its key, headers and all, to any subject with
+			// the stream's own rights (a drain order to every agent).
+			// internal/presence reads the key instead of watching it.
 			streamInfo(presence),
 			key,
 			"$JS.API.DIRECT.GET." + presence + "." + key,
-			"$JS.API.CONSUMER.CREATE." + presence + ".*." + key,
-			"$JS.API.CONSUMER.DELETE." + presence + ".*",
-			flowControl(presence),
 			// The deployment record, read at start.
 			streamInfo("KV_" + protocol.BucketDeployment),
 			"$JS.API.DIRECT.GET.KV_" + protocol.BucketDeployment + ".$KV." + protocol.BucketDeployment + "." + protocol.KeyDeployment,

@@ -12,6 +12,9 @@ package presence
 //     for longer than the bucket TTL plus a second.
 //   - A process that was paused past the TTL re-announces itself when it
 //     resumes, unless someone else took the key meanwhile.
+//   - It reads and writes its own key only, with direct gets and publishes:
+//     it creates no consumer on the bucket (see observe), so an agent's
+//     credential needs none.
 
 import (
 	"context"
@@ -186,9 +189,10 @@ func (a *Announcer) Stop(ctx context.Context) error {
 	return nil
 }
 
-// announce wins the key with Create. If the key exists it watches it: a
-// revision change means a live duplicate; no change means a crashed run whose
-// key has not expired yet, so Create is retried until TTL+1s has passed.
+// announce wins the key with Create. If the key exists it reads it for a
+// while (observe): a revision change means a live duplicate; no change means
+// a crashed run whose key has not expired yet, so Create is retried until
+// TTL+1s has passed.
 func (a *Announcer) announce(ctx context.Context) error {
 	giveUp := a.cfg.Now().Add(a.cfg.TTL + time.Second)
 	var seen uint64
@@ -237,41 +241,73 @@ type observation struct {
 	rev     uint64                  // the revision seen, when unchanged
 }
 
-// observe watches the key for window. seen is a revision observed earlier
-// (0 if none), so that a change between two observations counts as well.
+// pollsPerInterval is how many times per heartbeat interval observe reads
+// the key, and minPoll the shortest time between two reads.
+const (
+	pollsPerInterval = 4
+	minPoll          = 10 * time.Millisecond
+)
+
+// observe reads the key for window: at once, every Interval/4 and once more
+// when the window ends. seen is a revision observed earlier (0 if none), so
+// that a change between two observations counts as well.
+//
+// It reads with direct gets (the key's latest revision), never with a
+// watch: a watch is a consumer, and a consumer's deliver subject is not
+// within reach of NATS permissions, so an agent allowed to create one on
+// the bucket could have the server deliver what it wrote to its key to any
+// subject (docs/security.md). The agent's credential has no consumer on
+// the presence bucket.
+//
+// What a read notices: every put takes a new revision, so any number of
+// puts by another process between two reads shows as a changed revision
+// (a duplicate); a delete, purge or expiry shows as the key missing (gone).
+// What it cannot notice: a put followed by a delete or purge of the key
+// between two reads (a watch saw the put and called it a duplicate). That
+// is reported as gone, and Start's next Create takes the key; if the other
+// process is still running, its next heartbeat finds our revision and it
+// stops (Beat returns a taken-over *DuplicateError), so at most one live
+// process keeps the key. An expiry cannot follow a put within one read
+// interval: keys live for the TTL, more than two intervals.
 func (a *Announcer) observe(ctx context.Context, window time.Duration, seen uint64) (observation, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w, err := a.kv.Watch(wctx, a.key)
-	if err != nil {
-		return observation{}, fmt.Errorf("presence: watch %s: %w", a.key, err)
-	}
-	defer func() { _ = w.Stop() }()
-	timer := time.NewTimer(window)
-	defer timer.Stop()
+	every := max(a.cfg.Interval/pollsPerInterval, minPoll)
+	end := time.Now().Add(window)
+	var readErr error
+	read := false
 	for {
-		select {
-		case <-ctx.Done():
-			return observation{}, context.Cause(ctx)
-		case <-timer.C:
-			return observation{rev: seen}, nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return observation{rev: seen}, nil
+		last := !time.Now().Before(end)
+		gctx, cancel := context.WithTimeout(ctx, a.cfg.Interval)
+		e, err := a.kv.Get(gctx, a.key)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			return observation{gone: true}, nil
+		case err != nil:
+			if ctx.Err() != nil {
+				return observation{}, context.Cause(ctx)
 			}
-			if e == nil { // initial values delivered
-				if seen == 0 {
-					return observation{gone: true}, nil
-				}
-				continue
-			}
-			if e.Operation() != jetstream.KeyValuePut {
-				return observation{gone: true}, nil
-			}
+			// A read that failed (a server restarting) only makes the time
+			// between two reads longer: revisions only grow.
+			readErr = err
+		default:
+			read = true
 			if seen != 0 && e.Revision() != seen {
 				return observation{changed: e}, nil
 			}
 			seen = e.Revision()
+		}
+		if last {
+			if !read {
+				return observation{}, fmt.Errorf("presence: get %s: %w", a.key, readErr)
+			}
+			return observation{rev: seen}, nil
+		}
+		t := time.NewTimer(min(every, time.Until(end)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return observation{}, context.Cause(ctx)
+		case <-t.C:
 		}
 	}
 }

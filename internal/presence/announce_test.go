@@ -254,3 +254,60 @@ func TestAnnouncerFillsIntervalAndUtilisation(t *testing.T) {
 		t.Fatalf("agent's own values replaced: %+v, %v", p, err)
 	}
 }
+
+// A second process reads the key (direct gets, no watch), so a put and a
+// delete between two of its reads look like a key that is gone, and it
+// takes the key. Whichever way the race goes, one process keeps the key:
+// the second one is refused, or the first one's next heartbeat finds the
+// second's value and stops it.
+func TestDeletedWhileObservedOneHolderRemains(t *testing.T) {
+	t.Parallel()
+	kv := setupKV(t)
+	ctx := ctxT(t)
+	first := newAnnouncer(t, kv, "host-one", 111, nil)
+	if err := first.Start(ctx); err != nil {
+		t.Fatalf("start first: %v", err)
+	}
+	defer func() { _ = first.Stop(ctx) }()
+	second := newAnnouncer(t, kv, "host-two", 222, nil)
+	started := make(chan error, 1)
+	go func() { started <- second.Start(ctx) }()
+	// The first process's key vanishes (an operator's delete) while the
+	// second observes it.
+	if err := kv.Delete(ctx, protocol.PresenceKey("p", "a1")); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-started:
+	case <-ctx.Done():
+		t.Fatal("second Start did not return")
+	}
+	var dup *presence.DuplicateError
+	switch {
+	case err == nil:
+		defer func() { _ = second.Stop(ctx) }()
+		select {
+		case <-first.Done():
+		case <-ctx.Done():
+			t.Fatal("both processes hold the key: the first did not stop")
+		}
+		if !errors.As(first.Err(), &dup) || !dup.TakenOver || dup.Other.Host != "host-two" {
+			t.Fatalf("first stopped with %v, want taken over by host-two", first.Err())
+		}
+		if p, _, err := getPresence(t, kv); err != nil || p.Host != "host-two" {
+			t.Fatalf("key: %+v, %v", p, err)
+		}
+	case errors.As(err, &dup):
+		// The first re-created its key first; it keeps it.
+		natstest.Eventually(t, 5*time.Second, "the first process's key back", func() bool {
+			p, _, err := getPresence(t, kv)
+			return err == nil && p.Host == "host-one"
+		})
+		if first.Err() != nil {
+			t.Fatalf("first stopped: %v", first.Err())
+		}
+	default:
+		t.Fatalf("second Start: %v", err)
+	}
+}

@@ -14,15 +14,29 @@ import (
 // the step (warden job cancel).
 var ErrCancelled = errors.New("step cancelled by an operator")
 
-// serveControl answers orders on the agent's control subject.
+// serveControl obeys orders on the agent's control subject and answers
+// them on the requester's inbox. An order without a reply subject (the
+// scheduler's cancel orders) is obeyed unanswered. An order whose reply
+// subject is not an inbox (protocol.ValidReplySubject) is dropped, neither
+// obeyed nor answered: the answer would go out with the agent's permissions
+// (it may write its presence key, results and dead letters), a write the
+// requester chose and could not make itself; and a message the server
+// delivers from a consumer carries a $JS.ACK. reply, so an order forged
+// through a consumer's deliver subject is not obeyed either.
 func (a *Agent) serveControl() (*nats.Subscription, error) {
 	subject := protocol.AgentControlSubject(a.cfg.Pool, a.cfg.ID)
 	sub, err := a.nc.Subscribe(subject, func(m *nats.Msg) {
+		if m.Reply != "" && !protocol.ValidReplySubject(m.Reply) {
+			a.log.Warn().Str("reply", m.Reply).Msg("control order with a reply subject that is not an inbox: dropped")
+			return
+		}
 		reply := protocol.OKReply("")
 		if err := a.control(m.Data); err != nil {
 			reply = protocol.ErrorReply(protocol.CodeFailed, err)
 		}
-		_ = m.Respond(reply)
+		if m.Reply != "" {
+			_ = m.Respond(reply)
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", subject, err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -235,4 +237,42 @@ func TestHandlerErrorAfterItsDeadlineSaysSo(t *testing.T) {
 	if r.Status != protocol.ResultFailed || !strings.Contains(r.Error, agent.ErrDeadline.Error()) || !strings.Contains(r.Error, "gave up") {
 		t.Fatalf("result: %+v", r)
 	}
+}
+
+// An order is answered only on an inbox (protocol.ValidReplySubject): the
+// answer goes out with the agent's permissions, and the reply subject is
+// the requester's choice. An order naming another subject is dropped,
+// unobeyed (a consumer's deliveries carry a $JS.ACK. reply); one with no
+// reply at all, as the scheduler's cancel orders, is obeyed.
+func TestControlAnsweredOnlyOnAnInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testConfig("a1"), nil)
+	forged := "$KV." + protocol.BucketPresence + "." + protocol.PresenceKey("p", "a2")
+	answers, err := b.nc.SubscribeSync(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(protocol.Control{Op: protocol.ControlDrain})
+	if err := b.nc.PublishMsg(&nats.Msg{Subject: protocol.AgentControlSubject("p", "a1"), Reply: forged, Data: body}); err != nil {
+		t.Fatal(err)
+	}
+	// Orders are handled in turn: once this one is answered, the forged
+	// one was handled.
+	if r := b.control(t, protocol.Control{Op: protocol.ControlLimit}); !r.OK {
+		t.Fatalf("limit 0 (max_concurrent): %+v", r)
+	}
+	if m, err := answers.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("answered on %s: %s", forged, m.Data)
+	}
+	holdsFor(t, time.Second, "an order with a forged reply subject is not obeyed", func() bool {
+		p, err := b.presence(t)
+		return err == nil && !p.Draining
+	})
+	if err := b.nc.Publish(protocol.AgentControlSubject("p", "a1"), body); err != nil {
+		t.Fatal(err)
+	}
+	natstest.Eventually(t, 5*time.Second, "an order without a reply is obeyed", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.Draining
+	})
 }
