@@ -205,6 +205,16 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // manualFailover serves `warden agent failover`: the agent's queue moves now,
 // whether or not its presence is gone.
 func (l *leader) manualFailover(ctx context.Context, m *nats.Msg) {
+	if !protocol.ValidReplySubject(m.Reply) {
+		// An operator's failover is a request (the CLI, the API): one
+		// without an inbox to answer is not theirs. A consumer's delivery
+		// (reply $JS.ACK.…) can carry what an agent wrote to a key it may
+		// write, to any subject (nats-io/nats-server#8274); and answered
+		// there, the reply, which the response permission lets through,
+		// would be a write to that subject.
+		l.log.Warn().Str("reply", m.Reply).Msg("failover request without an inbox to answer: dropped")
+		return
+	}
 	key := string(m.Data)
 	pool, agent, ok := strings.Cut(key, ".")
 	if !ok || !protocol.ValidToken(pool) || !protocol.ValidToken(agent) {

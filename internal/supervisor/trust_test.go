@@ -170,3 +170,29 @@ func TestForgedPresenceCannotPointFailoverElsewhere(t *testing.T) {
 		t.Fatalf("victim's step %s on %s at epoch %d", st.State, st.Actor, st.Epoch)
 	}
 }
+
+// A failover order without an inbox to answer is not an operator's: a
+// consumer's delivery (reply $JS.ACK.…) can carry what an agent wrote to a
+// key it may write to this subject (nats-io/nats-server#8274), and the
+// answer, let through by the response permission, went wherever the reply
+// pointed. Such orders are dropped; the live agent keeps its step.
+func TestFailoverOrderWithoutAnInboxIsDropped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, scheduler.Config{}, supervisor.Config{FailureThreshold: protocol.Duration(300 * time.Millisecond)})
+	b.holding(t, "victim", "job-victim")
+	if err := b.nc.Publish(protocol.SubjectControlFailover, []byte("default.victim")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.nc.PublishRequest(protocol.SubjectControlFailover, "$JS.ACK.KV_warden_presence.forge.1.1.1.1.0", []byte("default.victim")); err != nil {
+		t.Fatal(err)
+	}
+	// An operator's order for an agent nobody knows, answered once the
+	// forged ones before it were handled.
+	natstest.Eventually(t, 15*time.Second, "a failover request answered", func() bool {
+		_, err := b.nc.Request(protocol.SubjectControlFailover, []byte("default.nobody"), 5*time.Second)
+		return err == nil
+	})
+	if st := b.step(t, "job-victim", "s"); st.State != jobstore.StepDispatched || st.Actor != "victim" || st.Epoch != 1 {
+		t.Fatalf("victim's step %s on %s at epoch %d after forged failover orders", st.State, st.Actor, st.Epoch)
+	}
+}
