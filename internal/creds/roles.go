@@ -161,7 +161,6 @@ func Roles(taskShards int) []Role {
 		[]string{"$JS.API.STREAM.INFO.*"},
 		consumers(protocol.StreamSubmit), consumers(protocol.StreamResults),
 		writeKV(protocol.BucketJobs), readKV(protocol.BucketPresence), readKV(protocol.BucketHealth),
-		readKV(protocol.BucketLeases), []string{"$KV." + protocol.BucketLeases + ".scheduler.>"},
 		[]string{protocol.SubjectTaskPrefix + ".>", protocol.SubjectEventPrefix + ".>", protocol.SubjectControlAdvance},
 		// Cancel orders to agents.
 		[]string{"warden.control.agent.>"},
@@ -197,8 +196,6 @@ func Roles(taskShards int) []Role {
 		sup = slices.Concat(sup, []string{msgGet(s), msgDelete(s), "$JS.API.CONSUMER.INFO." + s + ".*",
 			"$JS.API.CONSUMER.LIST." + s, "$JS.API.CONSUMER.NAMES." + s}, directGet(s))
 	}
-	// Failover re-dispatches moved tasks to other agents.
-	sup = append(sup, protocol.SubjectTaskPrefix+".>")
 	// Anchors (internal/anchor, a leader duty): store one on each work-queue
 	// stream's own subject, find (by subject) and delete the ones before.
 	// The task streams' gets and deletes are granted above; the submit and
