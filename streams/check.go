@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -81,6 +83,25 @@ func setupError(name string, err error) error {
 // definition hash, then refuseRollups turns them off and records it.
 func ensureKV(ctx context.Context, js jetstream.JetStream, b bucketDef) error {
 	h := bucketHash(b)
+	for attempt := 0; ; attempt++ {
+		err := ensureKVOnce(ctx, js, b, h)
+		// nats.go creates a missing bucket with a config of its own; one
+		// another process created a moment before and has already changed
+		// (roll-ups turned off) is "in use" with another config: look
+		// again, it is an update now.
+		var apiErr *jetstream.APIError
+		if attempt == 3 || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamNameInUse {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(20+rand.IntN(50)) * time.Millisecond):
+		}
+	}
+}
+
+func ensureKVOnce(ctx context.Context, js jetstream.JetStream, b bucketDef, h string) error {
 	if upToDate(ctx, js, "KV_"+b.Bucket, h) {
 		return nil
 	}

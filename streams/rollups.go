@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -79,26 +81,45 @@ func bucketHash(b bucketDef) string {
 // a setup that stops half-way, is applied again at the next start.
 func refuseRollups(ctx context.Context, js jetstream.JetStream, b bucketDef, h string) error {
 	name := "KV_" + b.Bucket
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		return setupError(name, fmt.Errorf("read bucket %s: %w", b.Bucket, err))
-	}
-	c := s.CachedInfo().Config
-	c.AllowRollup = false
-	unhashed := withHash(c.Metadata, "")
-	delete(unhashed, MetadataConfigHash)
-	for _, md := range []map[string]string{unhashed, withHash(c.Metadata, h)} {
-		c.Metadata = md
-		s, err = js.UpdateStream(ctx, c)
+	// Another process setting up at the same moment (two schedulers
+	// starting together) has nats.go update the bucket with roll-ups on
+	// between our read and our update: the server then answers with them
+	// on, which only limit markers explain once nobody else writes the
+	// config. Read and update again a few times before saying so.
+	for attempt := 0; ; attempt++ {
+		s, err := js.Stream(ctx, name)
 		if err != nil {
-			if isAPIError(err) {
-				return &IncompatibleError{Name: name, Err: err}
-			}
-			return setupError(name, fmt.Errorf("refuse roll-ups on bucket %s: %w", b.Bucket, err))
+			return setupError(name, fmt.Errorf("read bucket %s: %w", b.Bucket, err))
 		}
-		if s.CachedInfo().Config.AllowRollup {
+		c := s.CachedInfo().Config
+		c.AllowRollup = false
+		unhashed := withHash(c.Metadata, "")
+		delete(unhashed, MetadataConfigHash)
+		kept := true
+		for _, md := range []map[string]string{unhashed, withHash(c.Metadata, h)} {
+			c.Metadata = md
+			s, err = js.UpdateStream(ctx, c)
+			if err != nil {
+				if isAPIError(err) {
+					return &IncompatibleError{Name: name, Err: err}
+				}
+				return setupError(name, fmt.Errorf("refuse roll-ups on bucket %s: %w", b.Bucket, err))
+			}
+			if s.CachedInfo().Config.AllowRollup {
+				kept = false
+				break
+			}
+		}
+		switch {
+		case kept:
+			return nil
+		case s.CachedInfo().Config.SubjectDeleteMarkerTTL > 0 || attempt == 4:
 			return &IncompatibleError{Name: name, Err: errMarkersNeedRollups}
 		}
+		select {
+		case <-ctx.Done():
+			return setupError(name, ctx.Err())
+		case <-time.After(time.Duration(50+rand.IntN(100)) * time.Millisecond):
+		}
 	}
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,5 +127,47 @@ func TestServerKeepsRollupsOnBucketsWithMarkers(t *testing.T) {
 	}
 	if !s.CachedInfo().Config.AllowRollup {
 		t.Fatal("the server turned roll-ups off on a bucket with limit markers: the marker buckets may refuse them now (streams/rollups.go, docs/security.md)")
+	}
+}
+
+// Processes setting up together (two schedulers starting at once) both
+// have nats.go create or update a bucket with roll-ups on before turning
+// them off: one's update could land between the other's read and update,
+// which then saw roll-ups on and took it for limit markers, and the
+// scheduler refused to start. Both start now, and the buckets refuse
+// roll-ups.
+func TestConcurrentSetupsRefuseRollups(t *testing.T) {
+	t.Parallel()
+	for round := range 8 {
+		srv := natstest.New(t)
+		var wg sync.WaitGroup
+		errs := make([]error, 3)
+		for i := range errs {
+			_, js := srv.Connect(t)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				if errs[i] = streams.Ensure(ctx, js, streams.Options{}); errs[i] == nil {
+					errs[i] = streams.EnsureWorkflow(ctx, js, streams.Options{})
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: setup %d: %v", round, i, err)
+			}
+		}
+		_, js := srv.Connect(t)
+		for _, b := range []string{"warden_ratelimits", "warden_deployment"} {
+			s, err := js.Stream(context.Background(), "KV_"+b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.CachedInfo().Config.AllowRollup {
+				t.Fatalf("round %d: %s allows roll-ups after concurrent setups", round, b)
+			}
+		}
 	}
 }
