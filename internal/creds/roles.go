@@ -282,14 +282,6 @@ func Agent(pool, id string, taskShards int) (Role, error) {
 			// The deployment record, read at start.
 			streamInfo("KV_" + protocol.BucketDeployment),
 			"$JS.API.DIRECT.GET.KV_" + protocol.BucketDeployment + ".$KV." + protocol.BucketDeployment + "." + protocol.KeyDeployment,
-			// Clusters: read definitions and state. Writing a member report
-			// is granted only by AgentInCluster, for the one cluster the
-			// agent is minted for (an agent joins only cfg.Cluster).
-			streamInfo("KV_" + protocol.BucketClusters),
-			"$JS.API.DIRECT.GET.KV_" + protocol.BucketClusters + ".>",
-			"$JS.API.CONSUMER.CREATE.KV_" + protocol.BucketClusters + ".>",
-			"$JS.API.CONSUMER.DELETE.KV_" + protocol.BucketClusters + ".*",
-			flowControl("KV_" + protocol.BucketClusters),
 			protocol.ResultsPublishFilter(pool, id),
 			protocol.DLQSubject(pool, id),
 		},
@@ -365,6 +357,15 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		"$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
 	r.Pub = append(r.Pub,
+		// Clusters: read definitions and state, only for a member (an
+		// agent outside a cluster never opens the bucket): a consumer an
+		// agent may create chooses its own deliver_subject
+		// (docs/security.md), so no agent gets one it does not use.
+		streamInfo("KV_"+protocol.BucketClusters),
+		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusters+".>",
+		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusters+".>",
+		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusters+".*",
+		flowControl("KV_"+protocol.BucketClusters),
 		// Its report (internal/cluster.Member writes it with a TTL and
 		// deletes it on leaving): in c alone, so that it cannot pose as a
 		// member of a cluster it was not minted for.

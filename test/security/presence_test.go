@@ -283,3 +283,29 @@ func TestControlAnswerOnlyOnAnInbox(t *testing.T) {
 	}
 	d.log.none(t, "control requests")
 }
+
+// An agent outside a cluster has no access to the clusters bucket: a
+// consumer there could deliver cluster records to any subject (its
+// deliver_subject is out of reach of permissions), and it reads none.
+func TestAgentOutsideAClusterCannotConsumeClusters(t *testing.T) {
+	d := start(t, pool+".a1")
+	d.setupStreams(t)
+	a1 := d.connect(t, creds.AgentIdentity(pool, "a1"))
+	stream := "KV_" + protocol.BucketClusters
+	req, _ := json.Marshal(map[string]any{
+		"stream_name": stream,
+		"config": nats.ConsumerConfig{Name: "forge", DeliverSubject: protocol.AgentControlSubject(pool, "a2"),
+			DeliverPolicy: nats.DeliverAllPolicy, AckPolicy: nats.AckNonePolicy, MemoryStorage: true},
+	})
+	for _, subj := range []string{
+		"$JS.API.CONSUMER.CREATE." + stream + ".forge",
+		"$JS.API.CONSUMER.CREATE." + stream + ".forge.$KV." + protocol.BucketClusters + ".>",
+		"$JS.API.DIRECT.GET." + stream + ".$KV." + protocol.BucketClusters + ".c",
+	} {
+		if m, err := a1.nc.Request(subj, req, 500*time.Millisecond); err == nil {
+			t.Errorf("a1 (in no cluster) was answered on %s: %s", subj, m.Data)
+			continue
+		}
+		a1.expectRefused(t, "publish", subj)
+	}
+}
