@@ -21,19 +21,19 @@ const DelayRelayConsumer = "delay-relay"
 // in WARDEN_DELAY) on warden.submit.<job>, marked HeaderReleased so that
 // they are not delayed again, until ctx ends. Every scheduler runs one;
 // they share a durable consumer, which is created again if the server
-// loses it meanwhile (keptConsumer). A release is acked only once its
+// loses it meanwhile (package keep). A release is acked only once its
 // submission is stored; its Nats-Msg-Id (released.<job>.<sequence>) makes
 // a redelivered one a duplicate.
 func RunDelayRelay(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) error {
-	k := newKeptConsumer(js, protocol.StreamDelay, delayRelayConsumerConfig(), func(m jetstream.Msg) {
+	k := keptRelayConsumer(js, protocol.StreamDelay, delayRelayConsumerConfig(), func(m jetstream.Msg) {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handleTimeout)
 		defer cancel()
 		settle(m, submitReleased(hctx, js, m), log, "released delayed submission")
 	}, log)
-	if err := k.start(ctx); err != nil {
+	if err := k.Start(ctx); err != nil {
 		return err
 	}
-	k.run(ctx)
+	keepUntil(ctx, k)
 	return nil
 }
 

@@ -30,7 +30,7 @@
 // arms the current definition if that has no timer.
 //
 // Both relays keep their durable consumers: one the server deleted or
-// forgot is created again and consumed anew (keptConsumer).
+// forgot is created again and consumed anew (package keep).
 //
 // Guarantees:
 //   - at most one job per tick, whatever the number of schedulers, their

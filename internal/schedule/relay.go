@@ -68,7 +68,7 @@ func NewRelay(js jetstream.JetStream, opts ...RelayOption) *Relay {
 
 // Start ensures the schedules stream, arms the timers of schedules that
 // have none, and consumes ticks until Stop or ctx ends. A consumer the
-// server loses meanwhile is created again (keptConsumer).
+// server loses meanwhile is created again (package keep).
 func (r *Relay) Start(ctx context.Context) error {
 	if err := streams.EnsureWorkflow(ctx, r.js, r.streams); err != nil {
 		return err
@@ -87,7 +87,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	// between the submission and the re-arming would leave the schedule
 	// with no timer until some relay starts again and the tick is
 	// redelivered, so nothing would fire while the others are down.
-	k := newKeptConsumer(r.js, streams.StreamSchedules, relayConsumerConfig(), func(m jetstream.Msg) {
+	k := keptRelayConsumer(r.js, streams.StreamSchedules, relayConsumerConfig(), func(m jetstream.Msg) {
 		r.handling.Add(1)
 		defer r.handling.Done()
 		if rctx.Err() != nil {
@@ -98,7 +98,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		defer cancel()
 		r.handle(hctx, m)
 	}, r.log)
-	if err := k.start(ctx); err != nil {
+	if err := k.Start(ctx); err != nil {
 		cancel()
 		return err
 	}
@@ -108,7 +108,7 @@ func (r *Relay) Start(ctx context.Context) error {
 		defer close(r.done)
 		stop := context.AfterFunc(ctx, cancel)
 		defer stop()
-		k.run(rctx)
+		keepUntil(rctx, k)
 		r.handling.Wait()
 	}()
 	return nil

@@ -229,7 +229,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	consumers, err := s.consume(ctx, &bg)
 	defer func() {
 		for _, k := range consumers {
-			k.drain()
+			k.Drain()
 		}
 	}()
 	if err != nil {
@@ -245,7 +245,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	case err = <-errc:
 	}
 	for _, k := range consumers {
-		k.drain()
+		k.Drain()
 	}
 	return stopWorkers(err)
 }
