@@ -159,6 +159,11 @@ func (w *worker) firstToWake(n int) []string {
 			taken = append(taken, e)
 		}
 	}
+	return o.putBack(taken)
+}
+
+// putBack pushes taken back into o and returns their jobs in order.
+func (o *waitOrder) putBack(taken []orderEntry) []string {
 	ids := make([]string, len(taken))
 	for i, e := range taken {
 		ids[i] = e.job
@@ -180,12 +185,7 @@ func (w *worker) dueBy(now time.Time, n int) []string {
 			taken = append(taken, e)
 		}
 	}
-	ids := make([]string, len(taken))
-	for i, e := range taken {
-		ids[i] = e.job
-		o.push(e)
-	}
-	return ids
+	return o.putBack(taken)
 }
 
 // extendHeld extends the ack deadline of the messages held for every
