@@ -84,17 +84,13 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)
 			js.stepEnded(i, now)
-			if w.queuedForKey(jt, i) {
-				jt.freed = append(jt.freed, i)
-			}
+			w.freeIfQueued(jt, i)
 			continue
 		}
 		if st.Expired(now) {
 			tries++
 			w.s.stopWaiting(holder)
-			if w.queuedForKey(jt, i) {
-				jt.freed = append(jt.freed, i)
-			}
+			w.freeIfQueued(jt, i)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Msg("step expired before it could start")
 			st.Expire(now)
@@ -242,9 +238,7 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 		switch st.State {
 		case jobstore.StepPending:
 			w.s.stopWaiting(holderID(st.JobID, st.ID))
-			if w.queuedForKey(jt, i) {
-				jt.freed = append(jt.freed, i)
-			}
+			w.freeIfQueued(jt, i)
 			st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
 			st.LastError, st.UpdatedAt, st.FinishedAt = protocol.ErrorCancelled+" by an operator", now, now
 			js.markStep(i)

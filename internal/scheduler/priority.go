@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/internal/selection"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -41,7 +42,7 @@ const waitStale = 5 * time.Second
 
 // errBehind says a step did not compete for a slot: a step of higher
 // effective priority waits for an agent it would get.
-var errBehind = errors.New("behind higher-priority work")
+var errBehind = errors.New(jobstore.WaitingBehind)
 
 type waitEntry struct {
 	pool        string

@@ -390,9 +390,7 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			continue
 		}
 		if in.kind == inGateFreed {
-			if !w.gateFreed(in.job) {
-				continue
-			}
+			w.gateFreed(in.job)
 			in.kind = inWake
 		}
 		if in.kind == inWake && in.job != "" {

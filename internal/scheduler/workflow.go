@@ -61,6 +61,11 @@ func (s *Scheduler) rateRetry(name string, at time.Time) time.Time {
 // lease: the slot outlives every moment the step's agent may still work.
 const slotMargin = time.Second
 
+// slotLease is how long a concurrency slot taken for st lasts.
+func (w *worker) slotLease(st *jobstore.Step) time.Duration {
+	return st.Timeout.Std() + w.s.cfg.DispatchGrace.Std() + slotMargin
+}
+
 // gateBudget bounds the time one turn spends on concurrency keys and rate
 // limits (a round trip or a few each, more when schedulers contend for a
 // key). The lease of a step dispatched in the turn runs from the turn's
@@ -154,19 +159,19 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
 	defer func(start time.Time) { w.gateSpent += time.Since(start) }(time.Now())
-	lease := st.Timeout.Std() + w.s.cfg.DispatchGrace.Std() + slotMargin
+	lease := w.slotLease(st)
 	var held []gateGrant
 	undo := func() { w.giveBackSlots(ctx, st, held) }
 	for _, k := range keys {
 		g, at, err := w.s.gates.conc.AcquireGrant(ctx, k.Key, k.Limit, holder, lease)
 		if err != nil {
 			undo()
-			return false, now.Add(w.s.cfg.CapacityRetry.Std()), fmt.Sprintf("concurrency key %s: %v", k.Key, err)
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingKeyError(k.Key, err)
 		}
 		if !g.Granted {
 			undo()
 			w.gate(st.JobID, st.ID, at)
-			return false, at, fmt.Sprintf("%s %s (limit %d)", waitingForKey, k.Key, k.Limit)
+			return false, at, fmt.Sprintf("%s %s (limit %d)", jobstore.WaitingForKey, k.Key, k.Limit)
 		}
 		held = append(held, gateGrant{key: k.Key, Grant: g})
 	}
@@ -174,7 +179,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		granted, at, err := w.s.gates.rate.Allow(ctx, ss.RateLimit, "")
 		if err != nil {
 			undo()
-			return false, now.Add(w.s.cfg.CapacityRetry.Std()), fmt.Sprintf("rate limit %s: %v", ss.RateLimit, err)
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingLimitError(ss.RateLimit, err)
 		}
 		if !granted {
 			undo()
@@ -185,7 +190,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 			// went unused while steps still waited.
 			at = w.s.rateRetry(ss.RateLimit, at)
 			w.gate(st.JobID, st.ID, at)
-			return false, at, "waiting for rate limit " + ss.RateLimit
+			return false, at, jobstore.WaitingForRateLimit + " " + ss.RateLimit
 		}
 	}
 	jt.admitted = append(jt.admitted, i)
@@ -319,22 +324,26 @@ func (w *worker) freeGates(jt *jobTurn) {
 	jt.freed = nil
 }
 
+// freeIfQueued marks pending step i, ending unrun (cancelled, expired),
+// for freeGates when it may wait in a concurrency key's queue
+// (queuedForKey): only those, as giving back every pending step of a large
+// cancelled job was a round trip each, inside the worker's turn.
+func (w *worker) freeIfQueued(jt *jobTurn, i int) {
+	if w.queuedForKey(jt, i) {
+		jt.freed = append(jt.freed, i)
+	}
+}
+
 // queuedForKey says whether pending step i may wait in a concurrency key's
-// queue: its record says so, or this worker told it to wait there. Only
-// those are given back when they end unrun (cancelled, expired): giving
-// back every pending step of a large cancelled job was a round trip each,
-// inside the worker's turn.
+// queue: its record says so, or this worker told it to wait there.
 func (w *worker) queuedForKey(jt *jobTurn, i int) bool {
 	st := jt.js.steps[i]
-	if strings.HasPrefix(st.Waiting, waitingForKey) {
+	if strings.HasPrefix(st.Waiting, jobstore.WaitingForKey) {
 		return true
 	}
 	_, ok := w.gated[st.JobID][st.ID]
 	return ok
 }
-
-// waitingForKey begins the waiting field of a step queued for a key.
-const waitingForKey = "waiting for concurrency key"
 
 // maxFreedOnAdvance bounds the slots one advance gives back for steps that
 // ended elsewhere; the leases of any others free them.
@@ -366,7 +375,7 @@ func (w *worker) endedElsewhere(jt *jobTurn, now time.Time) {
 		if ended.IsZero() {
 			ended = st.UpdatedAt
 		}
-		if now.Sub(ended) > st.Timeout.Std()+w.s.cfg.DispatchGrace.Std()+slotMargin {
+		if now.Sub(ended) > w.slotLease(st) {
 			continue
 		}
 		jt.freed = append(jt.freed, i)
@@ -400,17 +409,13 @@ func (w *worker) releaseGates(jt *jobTurn, i int) {
 }
 
 // gateFreed forgets that job's steps wait in a concurrency queue, so that
-// the wake that follows asks the key again. It reports whether to wake the
-// job: always. A job this worker has not cached (dropped after a lost race,
+// the wake that follows asks the key again; the job is always woken. A job this worker has not cached (dropped after a lost race,
 // or owned by another scheduler) is read afresh; skipping it lost the wake
 // and left the key with waiters and no holder. Two schedulers waking the
 // same job is safe: the key's compare-and-set admits one step, the job
 // record's admits one dispatch, and results are judged against the stored
 // job.
-func (w *worker) gateFreed(job string) bool {
-	delete(w.gated, job)
-	return true
-}
+func (w *worker) gateFreed(job string) { delete(w.gated, job) }
 
 // gate notes that step of job waits in a gate's queue until until.
 func (w *worker) gate(job, step string, until time.Time) {

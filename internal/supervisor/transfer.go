@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -254,14 +253,6 @@ func resultAfter(st *jobstore.Step, moved uint64) *jobstore.Attempt {
 	return nil
 }
 
-// Waits the scheduler records on a pending step (its waiting field,
-// internal/scheduler) that are the step's own gates, not the cluster's
-// want of a member: a concurrency key, a rate limit, higher-priority work.
-// Matched on the texts the scheduler writes, which are all the record
-// says; a wait not listed counts as the cluster's, as before.
-var ownWaits = []string{"waiting for concurrency key ", "concurrency key ", "waiting for rate limit ", "rate limit ",
-	"behind higher-priority work"}
-
 // heldBack says what holds a pending step back other than the cluster's
 // want of a member (empty: nothing): a backoff (not a refusal's short
 // one), or one of its own gates.
@@ -272,10 +263,8 @@ func heldBack(st *jobstore.Step, now time.Time) string {
 			return "backoff until " + st.NotBefore.UTC().Format(time.RFC3339)
 		}
 	}
-	for _, p := range ownWaits {
-		if strings.HasPrefix(st.Waiting, p) {
-			return st.Waiting
-		}
+	if jobstore.WaitsForGate(st.Waiting) {
+		return st.Waiting // its own gate, not the cluster's want of a member
 	}
 	return ""
 }
