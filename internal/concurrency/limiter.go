@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -173,7 +174,7 @@ const maxCAS = 16
 // A record left empty is removed instead, by a purge at its revision: an
 // Acquire that wrote meanwhile makes it fail, as it would an update.
 func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) bool) error {
-	if !validKey(key) {
+	if !protocol.ValidKVKey(key) {
 		// Checked here, not only by the writes: read takes the key as a
 		// subject, where a wildcard would read another key's record.
 		return fmt.Errorf("concurrency key %q: %w", key, jetstream.ErrInvalidKey)
@@ -261,24 +262,6 @@ func (l *Limiter) store(ctx context.Context, key string, r record, rev uint64, r
 	return l.kv.Update(ctx, key, b, rev)
 }
 
-// validKey is the jetstream package's rule for a KV key: letters, digits
-// and "-/_=.", no empty token.
-func validKey(key string) bool {
-	if key == "" || key[0] == '.' || key[len(key)-1] == '.' || strings.Contains(key, "..") {
-		return false
-	}
-	for _, c := range key {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.ContainsRune("-/_=.", c)) {
-			return false
-		}
-	}
-	return true
-}
-
-// kvOperation is the header that marks a KV delete or purge, as the
-// jetstream package writes and reads it.
-const kvOperation = "KV-Operation"
-
 // read returns key's stored record and its revision; for a removed key,
 // an empty record, gone, and the revision of the removal's marker, so
 // that the key is written again on it in one round trip (Create would
@@ -291,7 +274,7 @@ func (l *Limiter) read(ctx context.Context, key string) (r record, rev uint64, g
 	case err != nil:
 		return r, 0, false, fmt.Errorf("read concurrency key %s: %w", key, err)
 	}
-	if m.Header.Get(kvOperation) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+	if jobstore.Removed(m.Header) {
 		return r, m.Sequence, true, nil
 	}
 	if err := json.Unmarshal(m.Data, &r); err != nil {

@@ -6,14 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // Holder is the value stored under the lease key.
@@ -36,15 +36,6 @@ type Config struct {
 	RenewEvery time.Duration
 }
 
-// keyRe and validKey are the rule jetstream applies to a key it writes
-// (nats.go kv.go keyValid): checked in New, so a key the server would
-// refuse on every campaign is a configuration error, not a retry forever.
-var keyRe = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
-
-func validKey(k string) bool {
-	return k != "" && k[0] != '.' && k[len(k)-1] != '.' && !strings.Contains(k, "..") && keyRe.MatchString(k)
-}
-
 // Elector campaigns for a lease and runs work while it holds it.
 type Elector struct {
 	kv  jetstream.KeyValue
@@ -62,7 +53,7 @@ func New(kv jetstream.KeyValue, cfg Config, log zerolog.Logger) (*Elector, error
 	if cfg.Key == "" || cfg.ID == "" {
 		return nil, errors.New("lease: key and id are required")
 	}
-	if !validKey(cfg.Key) {
+	if !protocol.ValidKVKey(cfg.Key) {
 		return nil, fmt.Errorf("lease: key %q is not a valid key: letters, digits and - / _ = in dot-separated tokens", cfg.Key)
 	}
 	if cfg.TTL <= 0 {

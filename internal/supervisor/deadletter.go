@@ -236,7 +236,7 @@ func (d *deadLetters) park(ctx context.Context, st *jobstore.Step, rev uint64, r
 // too many (see parkedLetters), never a lost task.
 func (d *deadLetters) copyToDLQ(ctx context.Context, st *jobstore.Step, raw *jetstream.RawStreamMsg, reason protocol.DLQReason,
 	detail string, deliveries uint64) (parkedLetter, error) {
-	msg, _ := d.letter(st, raw)
+	msg := d.letter(st, raw)
 	msg.Header.Set(protocol.HeaderMsgID, "dlq."+st.JobID+"."+st.ID+"."+msg.Header.Get(protocol.HeaderEpoch)+"."+string(reason))
 	msg.Header.Set(protocol.HeaderDLQReason, string(reason))
 	msg.Header.Set(protocol.HeaderDLQDetail, detail)
@@ -390,9 +390,9 @@ func (d *deadLetters) withdraw(ctx context.Context, sent parkedLetters, st *jobs
 }
 
 // letter builds the dead letter of st: a copy of the task message raw if
-// there is one (and the task stream it is in, if it is an agent's own task
-// subject), else a task rebuilt from the record.
-func (d *deadLetters) letter(st *jobstore.Step, raw *jetstream.RawStreamMsg) (*nats.Msg, string) {
+// there is one (naming the task stream it is in, if it is an agent's own
+// task subject), else a task rebuilt from the record.
+func (d *deadLetters) letter(st *jobstore.Step, raw *jetstream.RawStreamMsg) *nats.Msg {
 	pool, agent := st.Pool, st.Actor
 	if agent == "" {
 		agent = "none"
@@ -421,7 +421,7 @@ func (d *deadLetters) letter(st *jobstore.Step, raw *jetstream.RawStreamMsg) (*n
 		msg.Header.Set(protocol.HeaderAction, st.Action)
 	}
 	msg.Subject = protocol.DLQSubject(pool, agent)
-	return msg, stream
+	return msg
 }
 
 // deleteTask deletes a task message from a task stream (never any other).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 )
 
 // Subjects and stream names. They are part of the public protocol: changing
@@ -74,6 +75,22 @@ func ValidToken(s string) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		if !tokenByte[s[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidKVKey reports whether key is a key jetstream writes (nats.go's
+// keyValid): letters, digits and "-/_=.", no empty token. Checked before
+// a key is used as a subject (a raw read of "a.*" would read another key)
+// or where a refused key would be retried for ever.
+func ValidKVKey(key string) bool {
+	if key == "" || key[0] == '.' || key[len(key)-1] == '.' || strings.Contains(key, "..") {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; !tokenByte[c] && !strings.ContainsRune("/=.", rune(c)) {
 			return false
 		}
 	}
