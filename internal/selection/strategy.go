@@ -34,7 +34,8 @@ func (s *Selector) pick(available []candidate, req Request, commit bool) *candid
 		}
 		return primary
 	case StrategyRoundRobin:
-		last := s.lastTurn(req)
+		turn := turnOf(req)
+		last := s.turns[turn].last
 		var first, next *candidate // lowest id overall, lowest id after last
 		for i := range available {
 			c := &available[i]
@@ -52,7 +53,7 @@ func (s *Selector) pick(available []candidate, req Request, commit bool) *candid
 			next = first
 		}
 		if next != nil && commit {
-			s.moveTurn(req, next.p.ID)
+			s.moveTurn(turn, next.p.ID)
 		}
 		return next
 	case StrategyLeastLoaded:
@@ -102,7 +103,8 @@ func (s *Selector) fast(src *set, req Request, commit bool) (*entry, error) {
 		}
 		return nil, nil
 	case StrategyRoundRobin:
-		last := s.lastTurn(req)
+		turn := turnOf(req)
+		last := s.turns[turn].last
 		start, found := slices.BinarySearchFunc(src.all, last, byID)
 		if found {
 			start++
@@ -111,7 +113,7 @@ func (s *Selector) fast(src *set, req Request, commit bool) (*entry, error) {
 			e := src.all[(start+i)%len(src.all)]
 			if e.open && match(e) {
 				if commit {
-					s.moveTurn(req, e.p.ID)
+					s.moveTurn(turn, e.p.ID)
 				}
 				return e, nil
 			}

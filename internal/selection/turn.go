@@ -32,16 +32,11 @@ func turnOf(req Request) turnKey {
 	return turnKey{pool: req.Pool, action: req.Action, requires: strings.Join(req.Requires, "\x00")}
 }
 
-// lastTurn is the id of the agent req's kind of step last went to; "" when
-// none (the turn starts at the lowest id).
-func (s *Selector) lastTurn(req Request) string {
-	return s.turns[turnOf(req)].last
-}
-
-// moveTurn records that req's kind of step went to the agent id, dropping
-// the least recently moved turn when there are maxTurns already.
-func (s *Selector) moveTurn(req Request, id string) {
-	k := turnOf(req)
+// moveTurn records that kind k of step went to the agent id, dropping the
+// least recently moved turn when there are maxTurns already. A decision
+// builds k once (turnOf) and reads its turn as s.turns[k].last ("" when
+// none: the turn starts at the lowest id).
+func (s *Selector) moveTurn(k turnKey, id string) {
 	if _, ok := s.turns[k]; !ok && len(s.turns) >= maxTurns {
 		var lru turnKey
 		oldest := ^uint64(0)
