@@ -104,7 +104,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		closed <- nats.CLOSED // closed before the listener was in place
 	}
 	var runErr error
-	connClosed := false
 	select {
 	case <-ctx.Done():
 		a.log.Info().Msg("stop requested: draining")
@@ -112,14 +111,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, ann.Err())
 		a.log.Error().Err(runErr).Msg("presence lost: draining")
 	case <-closed:
-		connClosed = true
 		runErr = fmt.Errorf("agent %s stops: %w", a.cfg.ID, nats.ErrConnectionClosed)
 		a.log.Error().Err(runErr).Msg("connection closed for good: stopping")
 	}
 	stopFetch()
 	<-dispatched
 	<-repulled
-	a.drain(ann, &tasks, stopWork, closed, connClosed)
+	a.drain(ann, &tasks, stopWork, closed)
 	a.stopCluster()
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)
@@ -232,19 +230,19 @@ func (a *Agent) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) 
 // drain marks the agent draining, waits DrainTimeout for in-flight tasks,
 // then cancels the rest (they hand their tasks back) and waits a little more.
 //
-// A connection closed for good (connClosed: before the drain; closed:
-// during it) cancels the handlers at once, with ErrConnectionClosed: what
+// A connection closed for good (before the drain, or during it: closed)
+// cancels the handlers at once, with ErrConnectionClosed: what
 // they finish can be neither reported nor handed back, and the supervisor
 // moves their steps to other agents, where they would run twice. Waiting
 // out the drain then only kept Run from returning (42 s by default).
 func (a *Agent) drain(ann *presence.Announcer, tasks *sync.WaitGroup, stopWork context.CancelCauseFunc,
-	closed <-chan nats.Status, connClosed bool) {
+	closed <-chan nats.Status) {
 	a.draining.Store(true)
 	done := make(chan struct{})
 	// This goroutine outlives Run only if a handler ignores cancellation
 	// forever; the process is exiting then anyway.
 	go func() { tasks.Wait(); close(done) }()
-	if connClosed {
+	if a.nc.IsClosed() { // a closed connection never opens again
 		a.log.Warn().Int("in_flight", a.Stats().InFlight).Msg("cancelling handlers: their tasks can be neither reported nor handed back")
 		a.cancelWork(done, stopWork, ErrConnectionClosed)
 		return
