@@ -127,7 +127,7 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*Step, error) {
 		if err := json.Unmarshal(e.Value(), &j); err != nil {
 			return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
 		}
-		f.job = jobView(&j)
+		f.job = redactJob(&j)
 		// A one-step job keeps its step inside the job record.
 		var changed *jobstore.Step
 		for _, st := range f.job.Steps {
@@ -146,7 +146,7 @@ func (f *follower) apply(e jetstream.KeyValueEntry) (*Step, error) {
 	if err := json.Unmarshal(e.Value(), &s); err != nil {
 		return nil, fmt.Errorf("decode %s: %w", e.Key(), err)
 	}
-	v := stepView(&s)
+	v := redactStep(&s)
 	f.steps[s.ID] = v
 	return v, nil
 }

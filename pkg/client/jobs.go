@@ -47,7 +47,7 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
 			if err := json.Unmarshal(e.Value(), &j); err != nil {
 				return fmt.Errorf("decode %s: %w", e.Key(), err)
 			}
-			jobs[j.ID] = jobView(&j)
+			jobs[j.ID] = redactJob(&j)
 			for _, s := range j.Steps { // a one-step job's step is inline
 				if s.State.Terminal() {
 					done[j.ID]++
@@ -135,9 +135,9 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	d := JobDetail{Job: jobView(j), Steps: make([]*Step, 0, len(vs))}
+	d := JobDetail{Job: redactJob(j), Steps: make([]*Step, 0, len(vs))}
 	for _, s := range vs {
-		d.Steps = append(d.Steps, stepView(s.Step))
+		d.Steps = append(d.Steps, redactStep(s.Step))
 	}
 	return d, nil
 }

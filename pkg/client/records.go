@@ -58,28 +58,22 @@ const (
 // would stall until its lease ended (docs/security.md). A dispatched step
 // shows its lease by its actor and locked_until.
 
-// stepView returns a copy of s without its lease token.
-func stepView(s *Step) *Step {
-	if s == nil {
-		return nil
+// redactStep clears s's lease token and returns s; the records it is given
+// were just decoded for the caller, so no copy is needed.
+func redactStep(s *Step) *Step {
+	if s != nil {
+		s.Token = ""
 	}
-	v := *s
-	v.Token = ""
-	return &v
+	return s
 }
 
-// jobView returns a copy of j whose inline steps (a one-step job keeps its
-// step in the job record) have no lease token.
-func jobView(j *Job) *Job {
-	if j == nil {
-		return nil
-	}
-	v := *j
-	if j.Steps != nil {
-		v.Steps = make([]*Step, len(j.Steps))
-		for i, s := range j.Steps {
-			v.Steps[i] = stepView(s)
+// redactJob clears the lease tokens of j's inline steps (a one-step job
+// keeps its step in the job record) and returns j.
+func redactJob(j *Job) *Job {
+	if j != nil {
+		for _, s := range j.Steps {
+			redactStep(s)
 		}
 	}
-	return &v
+	return j
 }
