@@ -50,12 +50,9 @@ type reopenRequest struct {
 	job string
 	// step is the one step to reopen, in one of the states from. Empty:
 	// every failed, dead-lettered and cancelled step of a finished job (a
-	// job retry), or, with finish, none.
+	// job retry).
 	step string
 	from []jobstore.StepState
-	// finish: reopen no step, only finish a reopen whose steps landed
-	// and whose job write did not (ReopenJob).
-	finish bool
 	// keepCancel refuses a job that ended cancelled too, not only one
 	// being cancelled (a dead-letter retry: only a job retry, asked for
 	// the whole job, runs a cancelled job again).
@@ -84,15 +81,6 @@ func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, no
 // failed step. On an error the steps returned (if any) did land.
 func RetryJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) ([]string, error) {
 	return reopen(ctx, store, reopenRequest{job: jobID, from: retryable}, now)
-}
-
-// ReopenJob finishes the reopen of a step whose write landed and whose
-// job write did not: skipped steps pending again, ended steps written
-// again without their retention TTL, the job running (RetryJob does it
-// for a finished job with pending steps).
-func ReopenJob(ctx context.Context, store *jobstore.Store, jobID string, now time.Time) error {
-	_, err := reopen(ctx, store, reopenRequest{job: jobID, finish: true}, now)
-	return err
 }
 
 // reopen carries out r in one pass over one snapshot of the job (read
@@ -244,7 +232,7 @@ func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
 			ErrWrongState, job.ID, job.State)
 	case cancelled && (!job.State.Terminal() || r.keepCancel):
 		return &JobCancelledError{Job: job.ID, Step: r.step, State: job.State}
-	case r.step == "" && !r.finish && !again && !job.State.Terminal():
+	case r.step == "" && !again && !job.State.Terminal():
 		return fmt.Errorf("%w: job %s is %s: only a finished job can be retried", ErrWrongState, job.ID, job.State)
 	}
 	return nil
@@ -256,8 +244,6 @@ func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
 func pick(snap *jobstore.Snapshot, r reopenRequest, done []string) (targets, stranded []string, err error) {
 	job := snap.Job
 	switch {
-	case r.finish:
-		return nil, nil, nil
 	case r.step != "":
 		if slices.Contains(done, r.step) {
 			return nil, nil, nil

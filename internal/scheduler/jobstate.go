@@ -98,7 +98,7 @@ func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState
 }
 
 // finishReopen completes an operator's reopen (dlq retry, job retry) that
-// the store holds only in part, as dlq.ReopenJob would have: a finished
+// the store holds only in part (dlq.RetryJob finishes its own too): a finished
 // job with a step pending again (the reopen wrote the step, and its job
 // write failed) runs again, and a skipped step none of whose dependencies
 // ended without success (a reopen's write of it lost a race) is pending
