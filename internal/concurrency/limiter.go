@@ -235,7 +235,7 @@ func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) boo
 		if cached {
 			ks.doubtUntil = time.Now().Add(doubtFor)
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+		if !errors.Is(err, jetstream.ErrKeyExists) && !streams.LostCAS(err) {
 			return fmt.Errorf("write concurrency key %s: %w", key, err)
 		}
 	}
@@ -288,14 +288,6 @@ func (l *Limiter) read(ctx context.Context, key string) (r record, rev uint64, g
 func (r record) clone() record {
 	r.Holders, r.Waiters = slices.Clone(r.Holders), slices.Clone(r.Waiters)
 	return r
-}
-
-// isWrongSeq reports a lost compare-and-set: 10071, or 10164, which a
-// replicated stream answers while another write of the key is in flight.
-func isWrongSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // Acquire asks for a slot of key (at most limit holders) for holder, for

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // Write is one record write: a create (Rev 0) or a compare-and-set update
@@ -138,9 +139,7 @@ func (s *Store) createOverMarker(ctx context.Context, w Write, err error) (uint6
 // writeError maps a failed write: a lost compare-and-set is ErrExists for
 // a create and ErrConflict for an update.
 func writeError(w Write, err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+	if streams.LostCAS(err) {
 		if w.Rev == 0 {
 			return fmt.Errorf("create %s: %w", w.Key, ErrExists)
 		}

@@ -202,7 +202,7 @@ func (l *Limiter) Allow(ctx context.Context, name, key string) (granted bool, re
 			l.remember(k, cached{rev: rev, tat: next})
 			return true, time.Time{}, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+		if !errors.Is(err, jetstream.ErrKeyExists) && !streams.LostCAS(err) {
 			l.forget(k)
 			return false, time.Time{}, fmt.Errorf("write rate limit %s: %w", k, err)
 		}
@@ -255,7 +255,7 @@ func (l *Limiter) Return(ctx context.Context, name, key string) error {
 			l.remember(k, cached{rev: rev, tat: prev})
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSeq(err) {
+		if !errors.Is(err, jetstream.ErrKeyExists) && !streams.LostCAS(err) {
 			l.forget(k)
 			return fmt.Errorf("return grant of rate limit %s: %w", k, err)
 		}
@@ -290,11 +290,6 @@ func (l *Limiter) forget(k string) {
 	l.mu.Lock()
 	delete(l.cache, k)
 	l.mu.Unlock()
-}
-
-func isWrongSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // casBackoff waits before attempt (none before the first): a random delay

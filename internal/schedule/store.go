@@ -62,8 +62,7 @@ func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time,
 	}
 	ack, err := s.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if streams.LostCAS(err) {
 			return time.Time{}, fmt.Errorf("%w: %s (remove it first, or replace it)", ErrExists, d.Name)
 		}
 		return time.Time{}, fmt.Errorf("store schedule %s: %w", d.Name, err)
@@ -100,8 +99,7 @@ func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t
 	msg.Header.Set(protocol.HeaderScheduleTick, t.UTC().Format(time.RFC3339Nano))
 	msg.Header.Set(protocol.HeaderScheduleRev, strconv.FormatUint(rev, 10))
 	_, err := js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequenceForSubject(rev, protocol.ScheduleDefSubject(name)))
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if streams.LostCAS(err) {
 		return fmt.Errorf("arm schedule %s at revision %d: %w", name, rev, errChanged)
 	}
 	if err != nil {
