@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,7 +23,19 @@ type Store struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	now    func() time.Time
+
+	// mu guards the server clock's offset from this host's, measured at
+	// most every clockEvery (serverTime).
+	mu       sync.Mutex
+	offset   time.Duration
+	offsetAt time.Time // zero: not measured yet
 }
+
+// clockEvery is how long a measured offset of the server's clock is used
+// before it is measured again: a clock drifts by far less than a
+// schedule's grace in that time, and measuring it at every tick was a
+// stream info request each.
+const clockEvery = 30 * time.Second
 
 // NewStore opens WARDEN_SCHEDULES (streams.EnsureWorkflow creates it).
 func NewStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
@@ -112,9 +125,16 @@ func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t
 // message schedules by: when a tick is due, how late it is handled and
 // when the next one falls are all decided by it, never by this host's
 // clock, which may be off by more than a schedule's grace or interval.
-// The local clock only measures the round trip (half of it is added); a
-// server that does not say its time leaves the local clock.
+// The local clock only measures the round trip (half of it is added) and
+// carries the offset measured for clockEvery; a server that does not say
+// its time leaves the local clock.
 func (s *Store) serverTime(ctx context.Context) (time.Time, error) {
+	s.mu.Lock()
+	offset, at := s.offset, s.offsetAt
+	s.mu.Unlock()
+	if now := s.now(); !at.IsZero() && now.Sub(at) < clockEvery && now.Sub(at) >= 0 {
+		return now.Add(offset), nil
+	}
 	sent := s.now()
 	info, err := s.stream.Info(ctx)
 	if err != nil {
@@ -124,7 +144,11 @@ func (s *Store) serverTime(ctx context.Context) (time.Time, error) {
 	if info.TimeStamp.IsZero() {
 		return got, nil
 	}
-	return info.TimeStamp.Add(max(got.Sub(sent), 0) / 2), nil
+	server := info.TimeStamp.Add(max(got.Sub(sent), 0) / 2)
+	s.mu.Lock()
+	s.offset, s.offsetAt = server.Sub(got), got
+	s.mu.Unlock()
+	return server, nil
 }
 
 // Entry is a schedule as listed.
