@@ -150,21 +150,20 @@ func deploymentBucket(ctx context.Context, js jetstream.JetStream, replicas int)
 	if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return kv, err
 	}
-	var c jetstream.KeyValueConfig
-	if err := decode("kv_deployment.json", &c); err != nil {
+	// Made as Ensure makes every bucket (ensureKV: roll-ups refused, the
+	// definition's hash recorded), not first as nats.go would make it and
+	// then again by Ensure a moment later.
+	b, err := decodeBucket("kv_deployment.json")
+	if err != nil {
 		return nil, err
 	}
 	if replicas > 0 {
-		c.Replicas = replicas
+		b.Replicas = replicas
 	}
-	kv, err = js.CreateKeyValue(ctx, c)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		return js.KeyValue(ctx, protocol.BucketDeployment)
+	if err := ensureKV(ctx, js, b); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("create bucket %s: %w", protocol.BucketDeployment, err)
-	}
-	return kv, nil
+	return js.KeyValue(ctx, protocol.BucketDeployment)
 }
 
 func encodeDeployment(js jetstream.JetStream, d protocol.Deployment) []byte {
