@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -68,17 +69,38 @@ func ListRecords(ctx context.Context, js jetstream.JetStream) (map[string]Record
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketHealth, err)
 	}
+	out, err := Records(ctx, kv)
+	if err != nil {
+		return map[string]Record{}, nil // the CLI shows what it can: none
+	}
+	return out, nil
+}
+
+// Records reads every record stored in kv (the health bucket), by key. A
+// record that ages out while it is read is left out; any other failure is
+// returned (the supervisor rebuilds its healing orders from these, and
+// must not take a read it could not finish for "none held").
+func Records(ctx context.Context, kv jetstream.KeyValue) (map[string]Record, error) {
 	out := map[string]Record{}
 	lister, err := kv.ListKeys(ctx)
 	if err != nil {
-		return out, nil
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return out, nil
+		}
+		return nil, fmt.Errorf("list %s: %w", protocol.BucketHealth, err)
 	}
-	for k := range lister.Keys() {
-		if e, err := kv.Get(ctx, k); err == nil {
-			var r Record
-			if json.Unmarshal(e.Value(), &r) == nil {
-				out[k] = r
-			}
+	defer func() { _ = lister.Stop() }()
+	for key := range lister.Keys() {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // aged out meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s %s: %w", protocol.BucketHealth, key, err)
+		}
+		var r Record
+		if json.Unmarshal(e.Value(), &r) == nil {
+			out[key] = r
 		}
 	}
 	return out, nil

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -103,29 +102,7 @@ func (a *assessor) unwritten(key string) { delete(a.written, key) }
 
 // records reads every stored record, by key.
 func (a *assessor) records(ctx context.Context) (map[string]health.Record, error) {
-	out := map[string]health.Record{}
-	lister, err := a.kv.ListKeys(ctx)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return out, nil
-		}
-		return nil, fmt.Errorf("list %s: %w", protocol.BucketHealth, err)
-	}
-	defer func() { _ = lister.Stop() }()
-	for key := range lister.Keys() {
-		e, err := a.kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // aged out meanwhile
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read %s %s: %w", protocol.BucketHealth, key, err)
-		}
-		var r health.Record
-		if json.Unmarshal(e.Value(), &r) == nil {
-			out[key] = r
-		}
-	}
-	return out, nil
+	return health.Records(ctx, a.kv)
 }
 
 // lostTasks counts tasks a failover took from the agent as failures.
