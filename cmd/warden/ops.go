@@ -107,10 +107,6 @@ func (a *app) printCancel(rep ops.CancelReport) {
 	}
 }
 
-// errCancelRecorded marks a cancel whose wait for the job's end failed:
-// the cancel itself is recorded and holds.
-var errCancelRecorded = errors.New("the cancel is recorded and holds")
-
 // cancelWaitFailed reports a cancel that took effect and a wait for the
 // job's end that did not finish (reads failed for --timeout, Ctrl-C): the
 // report on stdout, as for --no-wait, with "cancel_recorded" and
@@ -134,7 +130,7 @@ func (a *app) cancelWaitFailed(rep ops.CancelReport, err error) error {
 		a.printCancel(rep)
 		fmt.Fprintln(a.stdout, "; the job has not ended yet")
 	}
-	return fmt.Errorf("job %s: %w, but %w; `warden job show %s` shows how it ends", rep.JobID, errCancelRecorded, err, rep.JobID)
+	return fmt.Errorf("job %s: the cancel is recorded and holds, but %w; `warden job show %s` shows how it ends", rep.JobID, err, rep.JobID)
 }
 
 func (a *app) agentCommand() *cobra.Command {

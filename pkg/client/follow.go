@@ -205,7 +205,7 @@ func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(
 		}
 		rej, exact := rejectionOf(ctx, events, r)
 		if rej == nil || exact {
-			return errOrNil(rej)
+			return rej
 		}
 		if h, err := c.findHeld(ctx, r.JobID); err != nil || h != nil {
 			return nil // still on its way (or no answer): follow on
@@ -219,19 +219,11 @@ func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(
 	})
 }
 
-// errOrNil keeps a nil *RejectedError from becoming a non-nil error.
-func errOrNil(e *RejectedError) error {
-	if e == nil {
-		return nil
-	}
-	return e
-}
-
 // rejectionOf returns the scheduler's latest rejection of r's job, if there
 // is one it can read that may be r's: exact when it names r's stream
 // sequence, else one of a later submission of the job (its release, for a
 // job that starts later).
-func rejectionOf(ctx context.Context, s jetstream.Stream, r Receipt) (rej *RejectedError, exact bool) {
+func rejectionOf(ctx context.Context, s jetstream.Stream, r Receipt) (rej error, exact bool) {
 	m, err := s.GetLastMsgForSubject(ctx, protocol.EventSubject(protocol.EventSubmissionRejected, r.JobID))
 	if err != nil {
 		return nil, false
