@@ -95,6 +95,15 @@ type keyState struct {
 	doubtUntil time.Time
 }
 
+// remember caches r at revision rev, or nothing for an idle key: its next
+// use reads first.
+func (ks *keyState) remember(rev uint64, r record, idle bool) {
+	if idle {
+		rev, r = 0, record{}
+	}
+	ks.rev, ks.rec = rev, r
+}
+
 // doubtFor is how long the cache is bypassed after it proved stale.
 const doubtFor = time.Second
 
@@ -216,19 +225,12 @@ func (l *Limiter) update(ctx context.Context, key string, fn func(r *record) boo
 		// leases that ended).
 		remove := idle && l.markerTTL > 0
 		if remove && (rev == 0 || gone) || !write && !remove {
-			ks.rev, ks.rec = rev, r
-			if idle {
-				// Keep no copy of an idle key; its next use reads first.
-				ks.rev, ks.rec = 0, record{}
-			}
+			ks.remember(rev, r, idle)
 			return nil
 		}
 		var at uint64
 		if at, err = l.store(ctx, key, r, rev, remove); err == nil {
-			ks.rev, ks.rec = at, r
-			if idle {
-				ks.rev, ks.rec = 0, record{}
-			}
+			ks.remember(at, r, idle)
 			return nil
 		}
 		ks.rev = 0

@@ -189,6 +189,11 @@ func (r *Relay) armCurrent(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	return r.armIfNone(ctx, e)
+}
+
+// armIfNone arms e's next tick unless e has a timer.
+func (r *Relay) armIfNone(ctx context.Context, e Entry) error {
 	if !e.Next.IsZero() {
 		return nil
 	}
@@ -230,10 +235,7 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 	if e.Rev != rev {
 		// Replaced: the tick dies, and the new definition has armed its
 		// own timer, unless its writer died first.
-		if !e.Next.IsZero() {
-			return nil
-		}
-		return r.armNow(ctx, e)
+		return r.armIfNone(ctx, e)
 	}
 	x, err := e.Validate()
 	if err != nil {
