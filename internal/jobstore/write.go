@@ -93,6 +93,18 @@ func (s *Store) setTTL(m *nats.Msg) {
 	}
 }
 
+// WithTTL returns w with its own retention instead of the store's: the
+// record is removed ttl after the write (never, for 0). A job cancelled
+// before its start keeps its records from then on (pkg/client).
+func (w Write) WithTTL(ttl time.Duration) Write {
+	if ttl <= 0 {
+		w.Msg.Header.Del(headerTTL)
+	} else {
+		w.Msg.Header.Set(headerTTL, ttl.String())
+	}
+	return w
+}
+
 // write publishes w and waits for its PubAck.
 func (s *Store) write(ctx context.Context, w Write) (uint64, error) {
 	ack, err := s.js.PublishMsg(ctx, w.Msg)

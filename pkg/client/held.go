@@ -35,8 +35,10 @@ type held struct {
 	job   string
 	where Held
 	msg   *jetstream.RawStreamMsg
-	// startsAt is when the job is due; zero when it is due now.
+	// startsAt is when the job is due; zero when it is due now. For a
+	// queued submission it comes from its spec, parsed once by spec.
 	startsAt time.Time
+	found    time.Time // when it was looked up
 }
 
 // findHeld looks for an accepted submission of job that no scheduler has
@@ -85,26 +87,23 @@ func (c *Client) findHeld(ctx context.Context, job string) (*held, error) {
 // heldFrom says when a held submission is due: a delayed one at its
 // message schedule's time, one released from its delay now, and one still
 // queued at its spec's start time counted from when it was stored (as the
-// scheduler counts it).
+// scheduler counts it; spec reads it, as it parses the spec anyway).
 func heldFrom(job string, m *jetstream.RawStreamMsg, now time.Time) *held {
-	h := &held{job: job, msg: m, where: HeldQueued}
-	switch {
-	case strings.HasPrefix(m.Subject, protocol.SubjectDelayPrefix+"."):
+	h := &held{job: job, msg: m, where: HeldQueued, found: now}
+	if strings.HasPrefix(m.Subject, protocol.SubjectDelayPrefix+".") {
 		if at, ok := scheduledAt(m.Header.Get(protocol.HeaderNatsSchedule)); ok {
-			h.startsAt = at
+			h.due(at)
 		}
-	case strings.HasPrefix(m.Subject, protocol.SubjectDelayedPrefix+"."), schedule.Released(m.Header):
-	default:
-		if sp, err := spec.Parse(m.Data, spec.Limits{}); err == nil {
-			h.startsAt = sp.StartAt(m.Time)
-		}
-	}
-	if h.startsAt.After(now) {
-		h.where = HeldDelayed
-	} else {
-		h.startsAt = time.Time{}
 	}
 	return h
+}
+
+// due records that the held job starts at at: delayed if that is still to
+// come when it was looked up.
+func (h *held) due(at time.Time) {
+	if at.After(h.found) {
+		h.where, h.startsAt = HeldDelayed, at
+	}
 }
 
 // scheduledAt reads a one-shot message schedule's time ("@at <RFC 3339>").
@@ -124,6 +123,9 @@ func (h *held) spec(limits spec.Limits) (*spec.Job, error) {
 	sp, err := spec.Parse(h.msg.Data, limits)
 	if err != nil {
 		return nil, err
+	}
+	if h.where == HeldQueued && !strings.HasPrefix(h.msg.Subject, protocol.SubjectDelayedPrefix+".") && !schedule.Released(h.msg.Header) {
+		h.due(sp.StartAt(h.msg.Time)) // still queued, not released from a delay
 	}
 	if id := h.msg.Header.Get(protocol.HeaderJobID); id != "" && id != h.job {
 		return nil, fmt.Errorf("its %s header names job %s", protocol.HeaderJobID, id)
@@ -195,10 +197,8 @@ func (c *Client) cancelHeld(ctx context.Context, store *jobstore.Store, jobID st
 	ttl := heldRetention(store.Retention(), h.startsAt, now)
 	// The job record first: its create is the compare-and-set against the
 	// scheduler's (which also writes the job record before its steps).
-	w := store.JobWrite(j, 0)
-	setTTL(w, ttl)
 	b := store.Batch()
-	b.Add(w)
+	b.Add(store.JobWrite(j, 0).WithTTL(ttl))
 	if r := b.Wait(ctx)[0]; r.Err != nil {
 		return nil, r.Err
 	}
@@ -207,9 +207,7 @@ func (c *Client) cancelHeld(ctx context.Context, store *jobstore.Store, jobID st
 	}
 	b = store.Batch()
 	for _, st := range steps {
-		w := store.EndedStepWrite(st, 0)
-		setTTL(w, ttl)
-		b.Add(w)
+		b.Add(store.EndedStepWrite(st, 0).WithTTL(ttl))
 	}
 	for _, r := range b.Wait(ctx) {
 		if r.Err != nil && !errors.Is(r.Err, jobstore.ErrExists) {
@@ -231,15 +229,6 @@ func heldRetention(retention time.Duration, startsAt, now time.Time) time.Durati
 		retention += startsAt.Sub(now)
 	}
 	return retention.Truncate(time.Second) + time.Second
-}
-
-// setTTL gives a record write its own Nats-TTL (none for 0).
-func setTTL(w jobstore.Write, ttl time.Duration) {
-	if ttl <= 0 {
-		w.Msg.Header.Del(jetstream.MsgTTLHeader)
-		return
-	}
-	w.Msg.Header.Set(jetstream.MsgTTLHeader, ttl.String())
 }
 
 // testHookHeld, if set (export_test.go), runs between finding a held
