@@ -31,7 +31,7 @@ func rollupRefused(err error) bool {
 // them on whatever the definition says (docs/security.md, "Roll-ups").
 var rollupBuckets = []string{
 	protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketHealth,
-	protocol.BucketClusters, streams.BucketConcurrency,
+	protocol.BucketClusters, protocol.BucketClusterRuntime, streams.BucketConcurrency,
 }
 
 // The deployment and rate-limit buckets refuse roll-ups once Ensure and
@@ -47,7 +47,7 @@ func TestBucketsWithoutMarkersRefuseRollups(t *testing.T) {
 	}
 	var allowing []string
 	for _, bucket := range []string{protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketHealth,
-		protocol.BucketClusters, protocol.BucketDeployment, streams.BucketConcurrency, streams.BucketRateLimits} {
+		protocol.BucketClusters, protocol.BucketClusterRuntime, protocol.BucketDeployment, streams.BucketConcurrency, streams.BucketRateLimits} {
 		s, err := js.Stream(ctx, "KV_"+bucket)
 		if err != nil {
 			t.Fatal(err)

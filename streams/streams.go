@@ -164,8 +164,9 @@ func Anchored(opts Options) ([]string, error) {
 }
 
 // KeyValueConfigs returns the job store, presence, leases, health,
-// clusters and deployment buckets, in nats.go's form (which cannot say
-// whether a bucket refuses roll-ups: Ensure applies that, see rollups.go).
+// cluster definitions, cluster runtime and deployment buckets, in nats.go's
+// form (which cannot say whether a bucket refuses roll-ups: Ensure applies
+// that, see rollups.go).
 func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 	bs, err := buckets(opts)
 	return kvConfigs(bs), err
@@ -175,7 +176,7 @@ func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 func buckets(opts Options) ([]bucketDef, error) {
 	opts = opts.withDefaults()
 	var out []bucketDef
-	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json", "kv_deployment.json"} {
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json", "kv_cluster_runtime.json", "kv_deployment.json"} {
 		b, err := decodeBucket(f)
 		if err != nil {
 			return nil, err

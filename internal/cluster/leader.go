@@ -379,7 +379,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		if _, ok := m.lease.held(); ok {
 			var rev uint64
 			err := bounded(func(c context.Context) (err error) {
-				rev, err = m.store.kv.Put(c, protocol.ClusterSyncKey(def.Name), b)
+				rev, err = m.store.rt.Put(c, protocol.ClusterSyncKey(def.Name), b)
 				return err
 			})
 			if err == nil {
@@ -398,7 +398,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	var err error
 	if prevRev == 0 {
 		err = bounded(func(c context.Context) (err error) {
-			rev, err = m.store.kv.Create(c, protocol.ClusterStateKey(def.Name), b)
+			rev, err = m.store.rt.Create(c, protocol.ClusterStateKey(def.Name), b)
 			return err
 		})
 		if errors.Is(err, jetstream.ErrKeyExists) {
@@ -420,7 +420,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		}
 	} else {
 		err = bounded(func(c context.Context) (err error) {
-			rev, err = m.store.kv.Update(c, protocol.ClusterStateKey(def.Name), b, prevRev)
+			rev, err = m.store.rt.Update(c, protocol.ClusterStateKey(def.Name), b, prevRev)
 			return err
 		})
 	}
@@ -449,7 +449,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		_ = bounded(func(c context.Context) error {
 			return m.store.events.Publish(c, protocol.Event{Kind: protocol.EventClusterRequest, ID: r.ID, Reason: r.Reason, Data: data})
 		})
-		_ = bounded(func(c context.Context) error { return m.store.kv.Delete(c, protocol.ClusterRequestKey(def.Name, r.ID)) })
+		_ = bounded(func(c context.Context) error { return m.store.rt.Delete(c, protocol.ClusterRequestKey(def.Name, r.ID)) })
 		m.mu.Lock()
 		delete(m.requests, r.ID)
 		m.mu.Unlock()

@@ -94,8 +94,10 @@ type Member struct {
 	holder     string    // who holds the lease, as last seen ("" free)
 	sitOut     time.Time // do not campaign before (after handing off)
 	watchers   []chan View
-	ready      chan struct{}
-	stopped    chan struct{} // closed when Run returns (Watch channels close)
+	ready      chan struct{} // closed once both watches read their keys
+	// defSynced and runtimeSynced: each watch has read its keys once.
+	defSynced, runtimeSynced bool
+	stopped                  chan struct{} // closed when Run returns (Watch channels close)
 	// syncRev is the newest revision of <name>.sync seen: a write after the
 	// leader's own last one (a deposed leader's late write) makes it
 	// publish again.
@@ -181,8 +183,7 @@ func (m *Member) poke() {
 // removes its report so the leader sees it leave at once.
 func (m *Member) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	for _, f := range []func(context.Context) error{m.watchCluster, m.watchLease, m.watchHealth} {
+	for _, f := range []func(context.Context) error{m.watchDefinition, m.watchCluster, m.watchLease, m.watchHealth} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -201,7 +202,6 @@ func (m *Member) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); m.reportLoop(ctx) }()
 	go func() { defer wg.Done(); m.electionLoop(ctx) }()
 	wg.Wait()
-	close(errc)
 	// Nothing changes the view any more: end every Watch (a caller ranging
 	// over one with a longer-lived context would wait forever).
 	m.mu.Lock()
@@ -213,7 +213,7 @@ func (m *Member) Run(ctx context.Context) error {
 	m.mu.Unlock()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	_ = m.store.kv.Delete(sctx, protocol.ClusterMemberKey(m.cfg.Cluster, m.cfg.Pool, m.cfg.ID))
+	_ = m.store.rt.Delete(sctx, protocol.ClusterMemberKey(m.cfg.Cluster, m.cfg.Pool, m.cfg.ID))
 	return nil
 }
 
@@ -264,7 +264,7 @@ func (m *Member) writeReport(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	b, _ := json.Marshal(r)
-	subj := "$KV." + protocol.BucketClusters + "." + protocol.ClusterMemberKey(m.cfg.Cluster, m.cfg.Pool, m.cfg.ID)
+	subj := "$KV." + protocol.BucketClusterRuntime + "." + protocol.ClusterMemberKey(m.cfg.Cluster, m.cfg.Pool, m.cfg.ID)
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
 	defer cancel()
 	if _, err := m.js.Publish(pctx, subj, b, jetstream.WithMsgTTL(m.reportTTL())); err != nil && ctx.Err() == nil {

@@ -11,28 +11,49 @@ import (
 
 // The member's watches: its cluster's keys, its lease, its health.
 
-// watchCluster follows every key of the cluster (internal/watch: after a
-// gap the keys are read again and only the differences reported).
+// watchDefinition follows the cluster's definition (warden_clusters).
+func (m *Member) watchDefinition(ctx context.Context) error {
+	w := watch.ForKV(m.js, m.store.defs, watch.Config{Keys: []string{m.cfg.Cluster}, Logger: m.log,
+		Synced: func(bool) { m.synced(&m.defSynced) }})
+	return w.Run(ctx, m.applyAndWake)
+}
+
+// watchCluster follows every key the cluster's members write
+// (warden_cluster_runtime; internal/watch: after a gap the keys are read
+// again and only the differences reported).
 func (m *Member) watchCluster(ctx context.Context) error {
-	name := m.cfg.Cluster
-	w := watch.ForKV(m.js, m.store.kv, watch.Config{Keys: []string{name, name + ".>"}, Logger: m.log,
+	w := watch.ForKV(m.js, m.store.rt, watch.Config{Keys: []string{m.cfg.Cluster + ".>"}, Logger: m.log,
 		Synced: func(bool) {
 			m.sight.synced(m.cfg.Now())
-			select {
-			case <-m.ready:
-			default:
-				close(m.ready)
-			}
-			m.notify()
+			m.synced(&m.runtimeSynced)
 		}})
 	m.sight.watching(w)
-	return w.Run(ctx, func(e watch.Event) {
-		m.apply(e)
-		if !e.Initial {
-			m.notify()
-			m.poke()
+	return w.Run(ctx, m.applyAndWake)
+}
+
+// synced records a completed read of one of the two watches; the member
+// is ready once both have read their keys.
+func (m *Member) synced(part *bool) {
+	m.mu.Lock()
+	*part = true
+	both := m.defSynced && m.runtimeSynced
+	m.mu.Unlock()
+	if both {
+		select {
+		case <-m.ready:
+		default:
+			close(m.ready)
 		}
-	})
+	}
+	m.notify()
+}
+
+func (m *Member) applyAndWake(e watch.Event) {
+	m.apply(e)
+	if !e.Initial {
+		m.notify()
+		m.poke()
+	}
 }
 
 // apply records one change of the cluster's keys.

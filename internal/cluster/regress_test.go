@@ -142,7 +142,7 @@ func TestStaleSyncWriteIgnoredAndRepaired(t *testing.T) {
 		Configuration: map[string]string{"image": "v1"}, CachedDigests: map[string]string{"image": "sha256:old"}}
 	stale.Digest = cluster.Digest(stale)
 	raw, _ := json.Marshal(stale)
-	if _, err := b.store.KV().Put(context.Background(), protocol.ClusterSyncKey("ss"), raw); err != nil {
+	if _, err := b.store.Runtime().Put(context.Background(), protocol.ClusterSyncKey("ss"), raw); err != nil {
 		t.Fatal(err)
 	}
 	natstest.Eventually(t, 5*time.Second, "the leader publishes its sync state again", func() bool {
@@ -430,7 +430,7 @@ func TestStoredFractionalLeaseDurationUsesWholeSeconds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.KV().Put(ctx, "fr", raw); err != nil {
+	if _, err := b.store.Definitions().Put(ctx, "fr", raw); err != nil {
 		t.Fatal(err)
 	}
 	a := b.start(t, "fr", "a")

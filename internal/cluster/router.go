@@ -51,11 +51,12 @@ type Router struct {
 // state change. Register before Run.
 func (r *Router) OnChange(f func()) { r.onChange = append(r.onChange, f) }
 
-// NewRouter binds a router to the clusters bucket. Call Run.
+// NewRouter binds a router to the states in the cluster runtime bucket.
+// Call Run.
 func NewRouter(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) (*Router, error) {
-	kv, err := js.KeyValue(ctx, protocol.BucketClusters)
+	kv, err := js.KeyValue(ctx, protocol.BucketClusterRuntime)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusters, err)
+		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusterRuntime, err)
 	}
 	return &Router{w: watch.ForKV(js, kv, watch.Config{Keys: []string{"*.state"}, Logger: log}), log: log,
 		states: map[string]protocol.ClusterState{}}, nil

@@ -29,22 +29,32 @@ var (
 // leaders wrote. Every change to a definition is an event.
 type Store struct {
 	js     jetstream.JetStream
-	kv     jetstream.KeyValue
+	defs   jetstream.KeyValue // warden_clusters: definitions
+	rt     jetstream.KeyValue // warden_cluster_runtime: what members write
 	events *events.Publisher
 	now    func() time.Time
 }
 
-// Open binds a store to the warden_clusters bucket.
+// Open binds a store to the cluster buckets (pkg/protocol: definitions
+// apart from what members write).
 func Open(ctx context.Context, js jetstream.JetStream) (*Store, error) {
-	kv, err := js.KeyValue(ctx, protocol.BucketClusters)
+	defs, err := js.KeyValue(ctx, protocol.BucketClusters)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusters, err)
 	}
-	return &Store{js: js, kv: kv, events: events.NewPublisher(js), now: time.Now}, nil
+	rt, err := js.KeyValue(ctx, protocol.BucketClusterRuntime)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusterRuntime, err)
+	}
+	return &Store{js: js, defs: defs, rt: rt, events: events.NewPublisher(js), now: time.Now}, nil
 }
 
-// KV is the bucket.
-func (s *Store) KV() jetstream.KeyValue { return s.kv }
+// Definitions is the definitions bucket.
+func (s *Store) Definitions() jetstream.KeyValue { return s.defs }
+
+// Runtime is the bucket of states, sync states, member reports and
+// requests.
+func (s *Store) Runtime() jetstream.KeyValue { return s.rt }
 
 func (s *Store) publish(ctx context.Context, kind protocol.EventKind, d protocol.ClusterDefinition, rev uint64) {
 	_ = s.events.Publish(ctx, protocol.Event{Kind: kind, ID: fmt.Sprintf("%s-%d", d.Name, rev),
@@ -60,7 +70,7 @@ func (s *Store) Create(ctx context.Context, d protocol.ClusterDefinition) (proto
 	d.CreatedAt = s.now().UTC()
 	d.UpdatedAt = d.CreatedAt
 	b, _ := json.Marshal(d)
-	rev, err := s.kv.Create(ctx, d.Name, b)
+	rev, err := s.defs.Create(ctx, d.Name, b)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return d, fmt.Errorf("%s: %w", d.Name, ErrExists)
 	}
@@ -83,7 +93,7 @@ func (s *Store) Update(ctx context.Context, d protocol.ClusterDefinition) (proto
 	}
 	d.CreatedAt, d.UpdatedAt = old.CreatedAt, s.now().UTC()
 	b, _ := json.Marshal(d)
-	nrev, err := s.kv.Update(ctx, d.Name, b, rev)
+	nrev, err := s.defs.Update(ctx, d.Name, b, rev)
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return d, fmt.Errorf("%s: %w", d.Name, ErrChanged)
 	}
@@ -101,13 +111,13 @@ func (s *Store) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.kv.Delete(ctx, name, jetstream.LastRevision(rev)); errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+	if err := s.defs.Delete(ctx, name, jetstream.LastRevision(rev)); errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return fmt.Errorf("%s: %w", name, ErrChanged)
 	} else if err != nil {
 		return fmt.Errorf("delete cluster %s: %w", name, err)
 	}
-	_ = s.kv.Delete(ctx, protocol.ClusterStateKey(name))
-	_ = s.kv.Delete(ctx, protocol.ClusterSyncKey(name))
+	_ = s.rt.Delete(ctx, protocol.ClusterStateKey(name))
+	_ = s.rt.Delete(ctx, protocol.ClusterSyncKey(name))
 	s.publish(ctx, protocol.EventClusterDeleted, d, rev)
 	return nil
 }
@@ -117,7 +127,7 @@ func (s *Store) Get(ctx context.Context, name string) (protocol.ClusterDefinitio
 	if !protocol.ValidToken(name) {
 		return protocol.ClusterDefinition{}, 0, fmt.Errorf("%q: %w", name, ErrNotFound)
 	}
-	e, err := s.kv.Get(ctx, name)
+	e, err := s.defs.Get(ctx, name)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return protocol.ClusterDefinition{}, 0, fmt.Errorf("%s: %w", name, ErrNotFound)
 	}
@@ -130,7 +140,7 @@ func (s *Store) Get(ctx context.Context, name string) (protocol.ClusterDefinitio
 
 // List reads every definition, sorted by name.
 func (s *Store) List(ctx context.Context) ([]protocol.ClusterDefinition, error) {
-	lister, err := s.kv.ListKeysFiltered(ctx, "*")
+	lister, err := s.defs.ListKeysFiltered(ctx, "*")
 	if err != nil {
 		return nil, fmt.Errorf("list clusters: %w", err)
 	}
@@ -159,7 +169,7 @@ func (s *Store) Sync(ctx context.Context, name string) (protocol.ClusterSync, er
 }
 
 func (s *Store) getJSON(ctx context.Context, key string, v any) (uint64, error) {
-	e, err := s.kv.Get(ctx, key)
+	e, err := s.rt.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
@@ -175,7 +185,7 @@ func (s *Store) getJSON(ctx context.Context, key string, v any) (uint64, error) 
 // Reports reads every member report of a cluster still in the bucket,
 // sorted by key.
 func (s *Store) Reports(ctx context.Context, name string) ([]protocol.ClusterMemberReport, error) {
-	lister, err := s.kv.ListKeysFiltered(ctx, protocol.ClusterMembersFilter(name))
+	lister, err := s.rt.ListKeysFiltered(ctx, protocol.ClusterMembersFilter(name))
 	if err != nil {
 		return nil, fmt.Errorf("list members of %s: %w", name, err)
 	}
@@ -201,7 +211,7 @@ func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequ
 	}
 	r.RequestedAt = s.now().UTC()
 	b, _ := json.Marshal(r)
-	if _, err := s.kv.Create(ctx, protocol.ClusterRequestKey(name, r.ID), b); err != nil {
+	if _, err := s.rt.Create(ctx, protocol.ClusterRequestKey(name, r.ID), b); err != nil {
 		return "", fmt.Errorf("request %s on %s: %w", r.Op, name, err)
 	}
 	return r.ID, nil
@@ -216,7 +226,7 @@ func (s *Store) WaitHandled(ctx context.Context, name, id string) error {
 	defer cancel()
 	present := false
 	handled := false
-	w := watch.ForKV(s.js, s.kv, watch.Config{Keys: []string{key}, Synced: func(bool) {
+	w := watch.ForKV(s.js, s.rt, watch.Config{Keys: []string{key}, Synced: func(bool) {
 		if !present {
 			handled = true
 			cancel()

@@ -17,7 +17,7 @@ func TestWaitHandled(t *testing.T) {
 	b := setup(t)
 	b.define(t, protocol.ClusterDefinition{Name: "wh", Mode: protocol.ModeActiveActive})
 	ctx := context.Background()
-	kv := b.store.KV()
+	kv := b.store.Runtime()
 	request := func() string {
 		id, err := b.store.Request(ctx, "wh", protocol.ClusterRequest{Op: protocol.RequestRebalance})
 		if err != nil {

@@ -114,7 +114,7 @@ func Roles(taskShards int) []Role {
 
 	// Reading the deployment: jobs, presence, health, events, dead letters.
 	readData := slices.Concat(base, readKV(protocol.BucketJobs), readKV(protocol.BucketPresence),
-		readKV(protocol.BucketHealth), readKV(protocol.BucketClusters), readStream(protocol.StreamEvents), readStream(protocol.StreamDLQ),
+		readKV(protocol.BucketHealth), readKV(protocol.BucketClusters), readKV(protocol.BucketClusterRuntime), readStream(protocol.StreamEvents), readStream(protocol.StreamDLQ),
 		readStream(streams.StreamSchedules),
 		// A duplicate submission is checked against the one it repeats
 		// (pkg/client: still queued, delayed, a job, or rejected).
@@ -141,8 +141,14 @@ func Roles(taskShards int) []Role {
 	// letters, submit.
 	operate := slices.Concat(read, submit, []string{
 		"$KV." + protocol.BucketJobs + ".>",
-		// Cluster definitions and requests (warden cluster ...).
-		"$KV." + protocol.BucketClusters + ".>",
+		// Cluster definitions, requests, and a deleted cluster's state
+		// (warden cluster ...).
+		"$KV." + protocol.BucketClusters + ".>", "$KV." + protocol.BucketClusterRuntime + ".>",
+		// ... and the events of a definition's change (internal/cluster
+		// Store): without them each create, update or delete waited out
+		// its whole timeout for a PubAck that never came.
+		protocol.EventSubject(protocol.EventClusterCreated, "*"), protocol.EventSubject(protocol.EventClusterUpdated, "*"),
+		protocol.EventSubject(protocol.EventClusterDeleted, "*"),
 		// Schedules (warden schedule add|rm): definitions and timers; rm
 		// purges a schedule's subjects.
 		protocol.SubjectSchedulePrefix + ".def.*", protocol.SubjectSchedulePrefix + ".timer.*",
@@ -157,7 +163,7 @@ func Roles(taskShards int) []Role {
 	// may add a setting it lacks.
 	deployment := append(readKV(protocol.BucketDeployment), "$KV."+protocol.BucketDeployment+"."+protocol.KeyDeployment)
 
-	sched := slices.Concat(base, deployment, readKV(protocol.BucketClusters),
+	sched := slices.Concat(base, deployment, readKV(protocol.BucketClusters), readKV(protocol.BucketClusterRuntime),
 		[]string{"$JS.API.STREAM.INFO.*"},
 		consumers(protocol.StreamSubmit), consumers(protocol.StreamResults),
 		writeKV(protocol.BucketJobs), readKV(protocol.BucketPresence), readKV(protocol.BucketHealth),
@@ -178,7 +184,8 @@ func Roles(taskShards int) []Role {
 	// Its micro service answers the read endpoints (ops facade).
 	sched = dedupe(slices.Concat(sched, readData))
 
-	sup := slices.Concat(base, deployment, writeKV(protocol.BucketClusters),
+	// Clusters: a transfer reads the definition (its timeout and retries).
+	sup := slices.Concat(base, deployment, readKV(protocol.BucketClusters), readKV(protocol.BucketClusterRuntime),
 		writeKV(streams.BucketConcurrency), writeKV(streams.BucketRateLimits),
 		[]string{"$JS.API.STREAM.INFO.*"},
 		consumers(protocol.StreamAdvisories),
@@ -340,11 +347,14 @@ var clusterEvents = []protocol.EventKind{
 }
 
 // AgentInCluster is Agent plus what a member of cluster c needs to join
-// and lead it (docs/clusters.md): its own member report in c, its
-// cluster's state, sync and request keys, the lease cluster.<c>, a watch
-// of its own health record, and the cluster events. Nothing of another
-// cluster's keys. (The event subjects cannot be narrowed: an event's id
-// token is "<cluster>-<epoch>..." and NATS wildcards match whole tokens.)
+// and lead it (docs/clusters.md): read its cluster's definition; its own
+// member report in c, its cluster's state, sync and request keys, the
+// lease cluster.<c>, a watch of its own health record, and the cluster
+// events. Nothing of another cluster's keys, and no write in the
+// definitions bucket: the runtime bucket allows roll-ups (pkg/protocol),
+// so a member can empty that, but not lose a definition. (The event
+// subjects cannot be narrowed: an event's id token is
+// "<cluster>-<epoch>..." and NATS wildcards match whole tokens.)
 func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 	r, err := Agent(pool, id, taskShards)
 	if err != nil || c == "" {
@@ -353,24 +363,28 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 	if !protocol.ValidToken(c) {
 		return Role{}, fmt.Errorf("cluster %q must be a NATS token ([A-Za-z0-9_-], 1-128)", c)
 	}
-	clusters, leases, health := "$KV."+protocol.BucketClusters+"."+c, "$KV."+protocol.BucketLeases+".cluster."+c,
-		"$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
+	def, rt := "$KV."+protocol.BucketClusters+"."+c, "$KV."+protocol.BucketClusterRuntime+"."+c
+	leases, health := "$KV."+protocol.BucketLeases+".cluster."+c, "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
 	r.Pub = append(r.Pub,
-		// Clusters: read definitions and state, only for a member (an
-		// agent outside a cluster never opens the bucket): a consumer an
-		// agent may create chooses its own deliver_subject
-		// (docs/security.md), so no agent gets one it does not use.
+		// Its definition, read and watched: that key alone (an agent
+		// outside a cluster never opens the bucket). A consumer an agent
+		// may create chooses its own deliver_subject (docs/security.md):
+		// filtered on keys it reads anyway.
 		streamInfo("KV_"+protocol.BucketClusters),
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusters+".>",
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusters+".>",
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusters+".*",
-		flowControl("KV_"+protocol.BucketClusters),
+		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusters+"."+def,
+		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusters+".*."+def,
+		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusters+".*", flowControl("KV_"+protocol.BucketClusters),
+		// Its cluster's runtime keys, read and watched.
+		streamInfo("KV_"+protocol.BucketClusterRuntime),
+		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusterRuntime+"."+rt+".>",
+		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusterRuntime+".*."+rt+".>",
+		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusterRuntime+".*", flowControl("KV_"+protocol.BucketClusterRuntime),
 		// Its report (internal/cluster.Member writes it with a TTL and
 		// deletes it on leaving): in c alone, so that it cannot pose as a
 		// member of a cluster it was not minted for.
-		"$KV."+protocol.BucketClusters+"."+protocol.ClusterMemberKey(c, pool, id),
-		clusters+".state", clusters+".sync", clusters+".req.*",
+		"$KV."+protocol.BucketClusterRuntime+"."+protocol.ClusterMemberKey(c, pool, id),
+		rt+".state", rt+".sync", rt+".req.*",
 		streamInfo("KV_"+protocol.BucketLeases), leases,
 		"$JS.API.DIRECT.GET.KV_"+protocol.BucketLeases+"."+leases,
 		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketLeases+".*."+leases,

@@ -177,9 +177,10 @@ func TestAgentIDUniqueAcrossPools(t *testing.T) {
 }
 
 // TestAgentClusterReportOnlyInItsCluster: an agent's credential let it
-// write a member report "$KV.warden_clusters.*.member.<pool>.<id>" in every
-// cluster, so any agent could pose as a member of any cluster (counted by
-// its leader as alive, admitted, elected). A member joins only the cluster
+// write a member report "<cluster>.member.<pool>.<id>" (then in
+// warden_clusters, now in warden_cluster_runtime) in every cluster, so any
+// agent could pose as a member of any cluster (counted by its leader as
+// alive, admitted, elected). A member joins only the cluster
 // it is configured for, and needs AgentInCluster for it anyway (it opens
 // warden_leases, which Agent does not grant); the report is granted there,
 // for that cluster alone.
@@ -200,12 +201,14 @@ func TestAgentClusterReportOnlyInItsCluster(t *testing.T) {
 		subject string
 		want    bool
 	}{
-		{plain, "$KV.warden_clusters.web.member.default.a1", false},
-		{plain, "$KV.warden_clusters.db.member.default.a1", false},
-		{web, "$KV.warden_clusters.web.member.default.a1", true},
-		{web, "$KV.warden_clusters.db.member.default.a1", false},
-		{web, "$KV.warden_clusters.web.member.default.a2", false},
-		{web, "$KV.warden_clusters.db.state", false},
+		{plain, "$KV.warden_cluster_runtime.web.member.default.a1", false},
+		{plain, "$KV.warden_cluster_runtime.db.member.default.a1", false},
+		{web, "$KV.warden_cluster_runtime.web.member.default.a1", true},
+		{web, "$KV.warden_cluster_runtime.db.member.default.a1", false},
+		{web, "$KV.warden_cluster_runtime.web.member.default.a2", false},
+		{web, "$KV.warden_cluster_runtime.db.state", false},
+		{web, "$KV.warden_clusters.web", false},
+		{web, "$KV.warden_clusters.web.member.default.a1", false},
 	} {
 		if got := allowed(tc.r, tc.subject); got != tc.want {
 			t.Errorf("%s (%s) may publish %s: %v, want %v", tc.r.Name, tc.r.Purpose, tc.subject, got, tc.want)

@@ -5,10 +5,14 @@ import (
 	"time"
 )
 
-// Agent clusters (docs/clusters.md). Everything about a cluster lives in the
-// warden_clusters bucket, one family of keys per cluster <name>:
+// Agent clusters (docs/clusters.md). A cluster <name> has keys in two
+// buckets. Its definition is in warden_clusters, which only operators
+// write:
 //
-//	<name>                          the ClusterDefinition (operators write it)
+//	<name>                          the ClusterDefinition
+//
+// Everything its members write is in warden_cluster_runtime:
+//
 //	<name>.state                    the ClusterState (the cluster leader writes it)
 //	<name>.sync                     the ClusterSync: the leader's view members copy
 //	<name>.member.<pool>.<agent>    a member's ClusterMemberReport (each member
@@ -16,9 +20,17 @@ import (
 //	<name>.req.<id>                 a ClusterRequest (failover, rebalance) the
 //	                                leader handles and then deletes
 //
+// They are apart because the runtime bucket needs limit markers (reports
+// expire), so the server keeps roll-ups on for it, and NATS permissions
+// cannot refuse a header: a member allowed to write one key there can have
+// the server purge the whole bucket with "Nats-Rollup: all". In it that
+// costs a moment (members report again, leaders write their state again);
+// definitions beside them would be lost for good.
+//
 // Leadership is the lease cluster.<name> in warden_leases.
 const (
-	BucketClusters = "warden_clusters"
+	BucketClusters       = "warden_clusters"
+	BucketClusterRuntime = "warden_cluster_runtime"
 
 	// Replication modes.
 	ModeActivePassive = "active_passive"
@@ -242,7 +254,8 @@ type ClusterRequest struct {
 	RequestedAt time.Time `json:"requested_at"`
 }
 
-// ClusterStateKey and the functions below name a cluster's keys.
+// ClusterStateKey and the functions below name a cluster's keys in
+// warden_cluster_runtime (the definition's key is the cluster's name).
 func ClusterStateKey(name string) string { return name + ".state" }
 
 // ClusterSyncKey is the key of the leader's sync state.
@@ -265,8 +278,8 @@ func ClusterRequestsFilter(name string) string { return name + ".req.*" }
 // ClusterLeaseKey is the cluster's leader lease in warden_leases.
 func ClusterLeaseKey(name string) string { return "cluster." + name }
 
-// ClusterOfKey splits a warden_clusters key into the cluster name and the
-// rest ("" for the definition itself).
+// ClusterOfKey splits a cluster key (of either bucket) into the cluster
+// name and the rest ("" for the definition itself).
 func ClusterOfKey(key string) (name, rest string) {
 	name, rest, _ = strings.Cut(key, ".")
 	return name, rest

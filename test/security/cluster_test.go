@@ -1,0 +1,90 @@
+package security
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/internal/cluster"
+	"github.com/wardenhq/warden/internal/creds"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// TestClusterMemberCannotLoseDefinitions: a cluster member writes keys of
+// a bucket with limit markers (its report expires), on which the server
+// keeps roll-ups on, and NATS permissions cannot refuse a header. When the
+// definitions shared that bucket, a member's "Nats-Rollup: all" on its
+// own state key removed every cluster's definition for good. Definitions
+// are now in a bucket members only read: the member leads its cluster with
+// its own credential (nothing refused), its roll-up empties only the
+// runtime bucket, and every definition stays.
+func TestClusterMemberCannotLoseDefinitions(t *testing.T) {
+	d := start(t, pool+".m1@web")
+	d.setupStreams(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	admin := d.connect(t, creds.RoleAdmin)
+	st, err := cluster.Open(ctx, admin.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"web", "db"} {
+		if _, err := st.Create(ctx, protocol.ClusterDefinition{Name: name, Mode: protocol.ModeActivePassive}); err != nil {
+			t.Fatalf("define %s: %v", name, err)
+		}
+	}
+
+	m1 := d.connect(t, creds.AgentIdentity(pool, "m1"))
+	m, err := cluster.NewMember(ctx, m1.js, cluster.MemberConfig{Cluster: "web", Pool: pool, ID: "m1",
+		Interval: 200 * time.Millisecond, StartedAt: time.Now(), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatalf("member with its own credential: %v", err)
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(mctx) }()
+	defer func() { stop(); <-done }()
+	waitFor(t, 15*time.Second, "m1 leads web and its state says so", func() bool {
+		s, _, err := st.State(ctx, "web")
+		return err == nil && s.Leader == protocol.PresenceKey(pool, "m1")
+	})
+	if got := m1.refusals(); len(got) != 0 {
+		t.Fatalf("the member's own work was refused: %v", got)
+	}
+
+	// The roll-up reaches the server and is applied to the runtime bucket.
+	msg := nats.NewMsg("$KV." + protocol.BucketClusterRuntime + "." + protocol.ClusterStateKey("web"))
+	msg.Data = []byte(`{}`)
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+	if _, err := m1.js.PublishMsg(ctx, msg); err != nil {
+		t.Fatalf("roll-up on its own state key: %v", err)
+	}
+	// A write in the definitions bucket, its own cluster's key included,
+	// is refused.
+	for _, subj := range []string{"$KV." + protocol.BucketClusters + ".web", "$KV." + protocol.BucketClusters + ".db"} {
+		m := nats.NewMsg(subj)
+		m.Data = []byte(`{}`)
+		m.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+		_ = m1.nc.PublishMsg(m)
+		m1.expectRefused(t, "publish", subj)
+	}
+	for _, name := range []string{"web", "db"} {
+		if def, _, err := st.Get(ctx, name); err != nil || def.Name != name {
+			t.Fatalf("definition %s after the member's roll-up: %+v, %v", name, def, err)
+		}
+	}
+	// The leader writes its state again (a moment lost, nothing for good).
+	waitFor(t, 15*time.Second, "m1's state is back", func() bool {
+		s, _, err := st.State(ctx, "web")
+		return err == nil && s.Leader == protocol.PresenceKey(pool, "m1")
+	})
+	if _, _, err := st.State(ctx, "db"); !errors.Is(err, cluster.ErrNotFound) {
+		t.Fatalf("db (no member) has a state: %v", err)
+	}
+}
