@@ -196,6 +196,8 @@ func Roles(taskShards int) []Role {
 		// A dead letter whose step moved on before it was marked (a result
 		// won the race) is withdrawn again.
 		[]string{msgDelete(protocol.StreamDLQ)},
+		// Self-healing's orders to agents: limit, drain, undrain.
+		[]string{"warden.control.agent.>"},
 	)
 	for _, s := range taskStreams(taskShards) {
 		// Failover and dead-lettering read an agent's queued tasks, check

@@ -249,6 +249,16 @@ func TestLifecycleWithEachRolesCredential(t *testing.T) {
 		}
 	}
 
+	// Self-healing's orders (internal/supervisor, healing.go) are the same
+	// ops calls under the supervisor's identity: they were refused
+	// ("may not publish warden.control.agent.default.a1"), so healing
+	// could neither limit nor drain an agent in production.
+	for _, args := range [][]string{{"agent", "drain", "a1"}, {"agent", "undrain", "a1"}} {
+		if out := d.must(t, creds.RoleSupervisor, append([]string{"--json"}, args...)...); !json.Valid([]byte(out)) {
+			t.Fatalf("warden --json %v (as the supervisor) printed %q", args, out)
+		}
+	}
+
 	// Healing history (readonly).
 	d.must(t, creds.RoleReadonly, "healing", "ls")
 
