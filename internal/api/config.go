@@ -22,7 +22,8 @@ const (
 	// ScopeRead reads everything.
 	ScopeRead Scope = "read"
 	// ScopeAdmin also submits, cancels, retries, drains, fails over and
-	// purges.
+	// purges, and defines, changes, deletes, rebalances and fails over
+	// clusters.
 	ScopeAdmin Scope = "admin"
 )
 
@@ -40,13 +41,16 @@ func (s Scope) allows(need Scope) bool {
 
 // Token is one bearer token from the config.
 type Token struct {
-	// Name identifies the token in logs (never the token itself).
+	// Name identifies the token in logs (never the token itself); two
+	// tokens may not have the same name.
 	Name string `yaml:"name"`
 	// Scope is read or admin.
 	Scope Scope `yaml:"scope"`
 	// Token is the secret; prefer TokenFile.
 	Token string `yaml:"token"`
 	// TokenFile holds the secret (surrounding whitespace is ignored).
+	// Two tokens may not have the same secret: which scope it had would
+	// depend on their order.
 	TokenFile string `yaml:"token_file"`
 }
 
@@ -130,7 +134,13 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("max_body_bytes must be at least 1024, got %d", c.MaxBodyBytes))
 	}
+	named := map[string]int{}
 	for i, t := range c.Tokens {
+		if j, ok := named[t.Name]; ok && t.Name != "" {
+			errs = append(errs, fmt.Errorf("tokens[%d].name %q is also tokens[%d].name: each token needs a name of its own", i, t.Name, j))
+		} else {
+			named[t.Name] = i
+		}
 		if t.Scope != ScopeRead && t.Scope != ScopeAdmin {
 			errs = append(errs, fmt.Errorf("tokens[%d].scope must be read or admin, got %q", i, t.Scope))
 		}
@@ -144,8 +154,12 @@ func (c Config) Validate() error {
 // keyring maps token digests to their scope and name.
 type keyring map[[sha256.Size]byte]Token
 
+// loadTokens reads the secrets. A secret listed twice is refused, not
+// given the scope of its last entry: listed as read and as admin, it
+// was admin.
 func loadTokens(ts []Token) (keyring, error) {
 	k := keyring{}
+	at := map[[sha256.Size]byte]int{}
 	for i, t := range ts {
 		secret := t.Token
 		if t.TokenFile != "" {
@@ -158,8 +172,13 @@ func loadTokens(ts []Token) (keyring, error) {
 		if len(secret) < 16 {
 			return nil, fmt.Errorf("tokens[%d] (%s): a token must be at least 16 characters", i, t.Name)
 		}
+		d := sha256.Sum256([]byte(secret))
+		if j, ok := at[d]; ok {
+			return nil, fmt.Errorf("tokens[%d] (%s) has the same secret as tokens[%d] (%s): each token needs a secret of its own", i, t.Name, j, ts[j].Name)
+		}
+		at[d] = i
 		t.Token, t.TokenFile = "", ""
-		k[sha256.Sum256([]byte(secret))] = t
+		k[d] = t
 	}
 	return k, nil
 }

@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -29,6 +31,9 @@ func TestConfigValidate(t *testing.T) {
 		"tokens[0].scope": func(c *api.Config) { c.Tokens = []api.Token{{Scope: "write", Token: "0123456789abcdef"}} },
 		"exactly one":     func(c *api.Config) { c.Tokens = []api.Token{{Scope: "read"}} },
 		"max_body_bytes":  func(c *api.Config) { c.MaxBodyBytes = 10 },
+		`tokens[1].name "ops" is also tokens[0].name`: func(c *api.Config) {
+			c.Tokens = []api.Token{{Name: "ops", Scope: "read", Token: "0123456789abcdef"}, {Name: "ops", Scope: "admin", Token: "fedcba9876543210"}}
+		},
 	}
 	for want, edit := range cases {
 		c := api.DefaultConfig()
@@ -36,5 +41,24 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v", want, err)
 		}
+	}
+}
+
+// The keyring was keyed by the secret's digest, each entry overwriting
+// the one before: one secret listed as read and then as admin was admin,
+// silently. A secret listed twice is a config error now, naming both.
+func TestRepeatedTokenSecretIsRefused(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := api.Config{Tokens: []api.Token{
+		{Name: "grafana", Scope: api.ScopeRead, Token: "0123456789abcdef"},
+		{Name: "oncall", Scope: api.ScopeAdmin, TokenFile: file},
+	}}
+	_, err := api.New(cfg, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "tokens[1] (oncall) has the same secret as tokens[0] (grafana)") {
+		t.Fatalf("one secret as read and as admin: %v, want it refused", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
 
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/client"
@@ -38,6 +39,24 @@ type ErrorDetail struct {
 	// (POST /jobs/{id}/retry): they run again; the others were not
 	// reopened.
 	Reopened []string `json:"reopened,omitempty"`
+}
+
+// isTransport reports whether err, from reading a request body, is the
+// body's delivery failing (too large, not arrived in time) rather than
+// what it says.
+func isTransport(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// bodyError is the error for a request body that could not be read: a
+// body over max_body_bytes is payload_too_large (writeError), one that
+// did not arrive within the request's deadline (wrap) is a timeout.
+func bodyError(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &ops.Error{Code: ops.CodeTimeout, Msg: "the request body did not arrive within request_timeout", Err: err}
+	}
+	return err
 }
 
 // writeError writes err in the error shape with its code's status.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,9 +72,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 			want[t] = true
 		}
 	}
-	var after uint64
-	if v := r.Header.Get("Last-Event-ID"); strings.HasPrefix(v, "e") {
-		after, _ = strconv.ParseUint(v[1:], 10, 64)
+	after, err := lastEventID(r.Header.Get("Last-Event-ID"))
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -154,6 +155,22 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
+}
+
+// lastEventID reads a Last-Event-ID header: the stream sequence of the
+// last audit event the client saw (e<sequence>); 0 for none. Ids of
+// another shape are ignored (the stream gives them to no event); an
+// e-id that is not a sequence the stream can resume after (not a number,
+// or the largest one: the next would overflow to 0) is refused.
+func lastEventID(v string) (uint64, error) {
+	if !strings.HasPrefix(v, "e") {
+		return 0, nil
+	}
+	after, err := strconv.ParseUint(v[1:], 10, 64)
+	if err != nil || after == math.MaxUint64 {
+		return 0, ops.Errorf(ops.CodeInvalid, "Last-Event-ID %q: want e<sequence> as the stream sent it", v)
+	}
+	return after, nil
 }
 
 func send(ctx context.Context, ch chan<- sseEvent, ev sseEvent) bool {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/api"
 	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -203,4 +204,14 @@ func TestEventStreamDropsAClientThatStoppedReading(t *testing.T) {
 		t.Fatal("events not stored")
 	}
 	natstest.Eventually(t, 20*time.Second, "the stalled client's stream ends", func() bool { return s.OpenStreams() == 0 })
+}
+
+// Last-Event-ID e18446744073709551615 made the stream resume after the
+// largest sequence: after+1 overflowed to 0, the consumer was refused,
+// and the client got a 500 with NATS's words. Refused as invalid now.
+func TestLastEventIDBeyondTheLastSequenceIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := map[string]string{"Authorization": "Bearer " + readToken, "Last-Event-ID": "e18446744073709551615"}
+	wantError(t, "Last-Event-ID e<max uint64>", b.send(t, "GET", "/api/v1/events?types=event", "", h, nil), http.StatusBadRequest, ops.CodeInvalid)
 }

@@ -12,3 +12,7 @@ func SetSSEWriteTimeout(d time.Duration) func() {
 
 // OpenStreams is how many event streams s serves now.
 func (s *Server) OpenStreams() int64 { return s.streams.Load() }
+
+// SetIdleTimeout sets how long Run keeps an idle keep-alive connection;
+// call it before Run.
+func (s *Server) SetIdleTimeout(d time.Duration) { s.idleTimeout = d }

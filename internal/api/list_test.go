@@ -83,3 +83,15 @@ func (b bundle) jobCreatedAt(t *testing.T, id string, created time.Time) {
 		t.Fatal(err)
 	}
 }
+
+// since and created_after both bound a job's creation from below; given
+// both, created_after silently replaced since. Refused now.
+func TestListJobsSinceWithCreatedAfterIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.call(t, "GET", "/api/v1/jobs?since=1h&created_after=2026-11-27T10:00:00Z", readToken, nil)
+	wantError(t, "since and created_after", r, http.StatusBadRequest, ops.CodeInvalid)
+	if !strings.Contains(string(r.body), "since") || !strings.Contains(string(r.body), "created_after") {
+		t.Errorf("the error names neither parameter: %s", r.body)
+	}
+}

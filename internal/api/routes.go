@@ -88,7 +88,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) submitJob(w http.ResponseWriter, r *http.Request) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		return err
+		return bodyError(err)
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return ops.Errorf(ops.CodeInvalid, "empty body: send a job spec (YAML or JSON)")
@@ -149,8 +149,12 @@ func (s *Server) submitted(ctx context.Context, job string) bool {
 }
 
 // listJobs: ?state=a,b&since=1h&created_after=RFC3339&created_before=RFC3339&limit=N&cursor=C
+// (since or created_after, not both).
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
+	if q.Get("since") != "" && q.Get("created_after") != "" {
+		return ops.Errorf(ops.CodeInvalid, "since and created_after both bound the jobs' creation from below: give one")
+	}
 	f := jobstore.ListFilter{Cursor: q.Get("cursor")}
 	for _, v := range q["state"] {
 		for _, st := range strings.Split(v, ",") {
@@ -294,12 +298,29 @@ func (s *Server) taskQueues(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// listDeadLetters: ?after=ID&limit=N, summaries oldest first (no payload,
+// no headers: GET /queues/dead-letters/{id} has them). limit 0 is the
+// most a page holds (ops.MaxLetterPage); the next page is after= the
+// last id of this one.
 func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r, 100)
-	if err != nil {
-		return err
+	q := r.URL.Query()
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > ops.MaxLetterPage {
+			return ops.Errorf(ops.CodeInvalid, "limit %q: want 1 to %d (0: %[2]d)", v, ops.MaxLetterPage)
+		}
+		limit = n
 	}
-	ls, err := s.ops.DeadLetters(r.Context(), limit)
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return ops.Errorf(ops.CodeInvalid, "after %q: want a dead letter id (the last of the previous page)", v)
+		}
+		after = n
+	}
+	ls, err := s.ops.DeadLetterPage(r.Context(), after, limit)
 	if err != nil {
 		return err
 	}
@@ -439,9 +460,8 @@ func (s *Server) putCluster(create bool) handler {
 		dec := json.NewDecoder(r.Body)
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&d); err != nil {
-			var mb *http.MaxBytesError
-			if errors.As(err, &mb) {
-				return err
+			if isTransport(err) {
+				return bodyError(err)
 			}
 			return &ops.Error{Code: ops.CodeInvalid, Msg: "malformed cluster definition (JSON)", Err: err}
 		}
@@ -482,9 +502,8 @@ func (s *Server) clusterRequest(op string) handler {
 		if r.ContentLength != 0 {
 			var b struct{ From, To, Reason string }
 			if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !errors.Is(err, io.EOF) {
-				var mb *http.MaxBytesError
-				if errors.As(err, &mb) {
-					return err
+				if isTransport(err) {
+					return bodyError(err)
 				}
 				return &ops.Error{Code: ops.CodeInvalid, Msg: "malformed request (JSON)", Err: err}
 			}

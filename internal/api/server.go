@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/metrics"
@@ -35,7 +36,13 @@ type Server struct {
 	streams atomic.Int64
 	// now is the clock, replaced in tests.
 	now func() time.Time
+	// idleTimeout closes a keep-alive connection idle this long
+	// (defaultIdleTimeout; tests shorten it).
+	idleTimeout time.Duration
 }
+
+// defaultIdleTimeout is how long Run keeps an idle keep-alive connection.
+const defaultIdleTimeout = 2 * time.Minute
 
 // Option configures a Server.
 type Option func(*Server)
@@ -43,7 +50,8 @@ type Option func(*Server)
 // WithLogger sets the logger. Defaults to none.
 func WithLogger(l zerolog.Logger) Option { return func(s *Server) { s.log = l } }
 
-// WithGatherer serves g on /metrics. Defaults to nothing on /metrics.
+// WithGatherer serves g on /metrics, to the read scope. Defaults to
+// nothing on /metrics.
 func WithGatherer(g prometheus.Gatherer) Option { return func(s *Server) { s.reg = g } }
 
 // New builds a server over the facade o, which runs on nc.
@@ -56,7 +64,7 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, ops: o, nc: nc, log: zerolog.Nop(), keys: keys, now: time.Now}
+	s := &Server{cfg: cfg, ops: o, nc: nc, log: zerolog.Nop(), keys: keys, now: time.Now, idleTimeout: defaultIdleTimeout}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -66,7 +74,14 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	}
 	metrics.Health(s.mux, s.ready)
 	if s.reg != nil {
-		metrics.Handle(s.mux, s.reg)
+		// Read scope, as every read route: a scrape reads the presence
+		// and health buckets and the streams' infos, which nobody
+		// without a token (nor a page under a rebound DNS name) may
+		// make the API do. Prometheus sends a bearer token
+		// (authorization: {credentials_file: ...} in its scrape config).
+		prom := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+		s.mux.Handle("GET /metrics", s.wrap(route{Method: "GET", Path: "/metrics", Scope: ScopeRead,
+			h: func(w http.ResponseWriter, r *http.Request) error { prom.ServeHTTP(w, r); return nil }}))
 	}
 	if *cfg.Dashboard {
 		s.mux.Handle("/", dashboard())
@@ -106,9 +121,16 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 	closing, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStreams()
 	s.closing = closing
+	// Every connection is bounded: an idle keep-alive one is closed
+	// after idleTimeout, a response must be written within
+	// request_timeout and two margins (the event stream moves its own
+	// write deadline at each write), and wrap bounds reading a request's
+	// body. No ReadTimeout: it would cancel an event stream's context.
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       s.idleTimeout,
+		WriteTimeout:      s.cfg.RequestTimeout + 2*deadlineMargin,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
@@ -143,6 +165,12 @@ const (
 	answerMargin  = time.Second
 )
 
+// deadlineMargin is what a request's connection deadlines leave past its
+// request_timeout: its body must have arrived by then (a client sending
+// slowly no longer holds the handler), and its response be written
+// within another margin (Run's WriteTimeout).
+const deadlineMargin = 5 * time.Second
+
 // ready reports whether the API can serve: NATS connected.
 func (s *Server) ready() error {
 	if s.nc != nil && !s.nc.IsConnected() {
@@ -168,6 +196,9 @@ type route struct {
 // wrap adds auth, the body limit, the request timeout and error mapping.
 func (s *Server) wrap(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The request's own context: net/http cancels it when the client
+		// goes away.
+		connCtx := r.Context()
 		if err := s.authorize(r, rt.Scope); err != nil {
 			writeError(w, err)
 			return
@@ -181,6 +212,12 @@ func (s *Server) wrap(rt route) http.Handler {
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 			defer cancel()
 			r = r.WithContext(ctx)
+			// The body must arrive by then: a read blocked on a slow
+			// client ignores ctx (io.ReadAll). Just after the request's
+			// deadline, so that work cut by the deadline ends on its
+			// timeout, not on the read's cancel of the connection's
+			// context.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
 		} else if s.closing != nil {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
@@ -189,6 +226,14 @@ func (s *Server) wrap(rt route) http.Handler {
 			r = r.WithContext(ctx)
 		}
 		if err := rt.h(w, r); err != nil {
+			if errors.Is(err, context.Canceled) && connCtx.Err() != nil {
+				// The client went away (or its connection's read deadline
+				// passed): not the API failing, nothing to log. The
+				// answer, if anyone reads it, is a timeout, not a 500.
+				s.log.Debug().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request cancelled: its connection ended")
+				writeError(w, &ops.Error{Code: ops.CodeTimeout, Msg: "request cancelled: its connection ended", Err: err})
+				return
+			}
 			if c := ops.CodeOf(err); c == ops.CodeInternal || c == ops.CodeUnavailable {
 				s.log.Warn().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Msg("request failed")
 			}

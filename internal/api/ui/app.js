@@ -243,8 +243,15 @@ async function agents() {
   return [h("h2", {}, "Agents"), table(["agent", "pool", "health", "score", "load", "heartbeat", "tasks", "", ""], rows, "No agent is present.")];
 }
 
+// The dead letters, a page of summaries at a time, oldest first: the next
+// page starts after the last id shown. The count is the stream's, not the
+// page's.
+const DLQ_PAGE = 100;
+let dlqPage = {after: 0, stack: []};
 async function dlq() {
-  const ls = await api("GET", "/queues/dead-letters?limit=200");
+  const [ls, q] = await Promise.all([
+    api("GET", `/queues/dead-letters?limit=${DLQ_PAGE}&after=${dlqPage.after}`), api("GET", "/queues/tasks")]);
+  const stored = q.dead_letters;
   const rows = ls.map((l) => h("tr", {dataset: {letter: l.id}},
     h("td", {class: "mono"}, l.id),
     h("td", {}, h("a", {href: "#/jobs/" + l.job_id, class: "mono"}, l.job_id), " / ", h("span", {class: "mono"}, l.step_id)),
@@ -254,8 +261,10 @@ async function dlq() {
   return [
     h("h2", {}, "Dead letters"),
     h("div", {class: "toolbar"},
-      h("span", {class: "muted"}, `${ls.length} stored`),
-      ls.length ? h("button", {class: "danger", onclick: () => confirm("Delete every dead letter for good?") && act("DELETE", "/queues/dead-letters?confirm=yes", "purged")}, "Purge all") : null),
+      h("span", {class: "muted", id: "dlq-count"}, `${stored} stored` + (ls.length && ls.length < stored ? `, ids ${ls[0].id}–${ls[ls.length - 1].id} shown` : "")),
+      dlqPage.stack.length ? h("button", {onclick: () => { dlqPage.after = dlqPage.stack.pop(); render(); }}, "← older") : null,
+      ls.length === DLQ_PAGE ? h("button", {onclick: () => { dlqPage.stack.push(dlqPage.after); dlqPage.after = ls[ls.length - 1].id; render(); }}, "newer →") : null,
+      stored ? h("button", {class: "danger", onclick: () => confirm("Delete every dead letter for good?") && act("DELETE", "/queues/dead-letters?confirm=yes", "purged")}, "Purge all") : null),
     table(["id", "job / step", "reason", "deliveries", "when", "detail", ""], rows, "No dead letters."),
   ];
 }
@@ -312,18 +321,45 @@ async function render() {
   rendering = false;
   if (again) { again = false; render(); }
 }
-// Live events re-render the current view, at most every 500 ms.
+// Live updates: each view follows only the event types that change what
+// it shows (?types=), and re-reads itself at most once per `every` ms
+// however many events come; the job view only for events of its job.
+// Every re-read costs the server reads (the overview scans every job
+// record), and every open tab does it.
+const liveViews = {
+  overview: {types: "job,agent,event", every: 5000},
+  jobs: {types: "job", every: 3000},
+  job: {types: "job,step", every: 2000},
+  agents: {types: "agent,event", every: 3000},
+  dlq: {types: "event", every: 3000},
+  history: {types: "event", every: 3000},
+};
+const liveFor = (r) => liveViews[r.name] || liveViews.overview;
+// changes reports whether an event of type with data changes view r.
+function changes(r, type, data) {
+  if (r.name !== "job") return true;
+  return (type === "job" && data && data.id === r.arg) || (type === "step" && data && data.job_id === r.arg);
+}
 function soon() {
   if (refreshTimer) return;
-  refreshTimer = setTimeout(() => { refreshTimer = null; render(); }, 500);
+  refreshTimer = setTimeout(() => { refreshTimer = null; render(); }, liveFor(route()).every);
+}
+
+// following is the event stream being read: its types, and how to end it
+// when the view changes to one that follows other types.
+let following = null;
+function refollow() {
+  if (following && following.types !== liveFor(route()).types) following.ctl.abort();
 }
 
 async function follow() {
   const live = document.getElementById("live");
   for (;;) {
+    const ctl = new AbortController();
+    following = {types: liveFor(route()).types, ctl};
     try {
       const headers = token ? {Authorization: "Bearer " + token} : {};
-      const res = await fetch(API + "/events", {headers});
+      const res = await fetch(API + "/events?types=" + following.types, {headers, signal: ctl.signal});
       if (!res.ok) throw new Error("events: " + res.status);
       live.textContent = "live"; live.className = "pill on";
       const reader = res.body.getReader();
@@ -336,10 +372,17 @@ async function follow() {
         let i;
         while ((i = buf.indexOf("\n\n")) >= 0) {
           const block = buf.slice(0, i); buf = buf.slice(i + 2);
-          if (/^event: /m.test(block)) soon();
+          const type = /^event: (.*)$/m.exec(block);
+          if (!type) continue;
+          const line = /^data: (.*)$/m.exec(block);
+          let data = null;
+          try { data = line && JSON.parse(line[1]); } catch (_) { /* not JSON: no data */ }
+          if (changes(route(), type[1], data)) soon();
         }
       }
     } catch (_) { /* reconnect below */ }
+    // A view that follows other types: its stream now (it rendered itself).
+    if (ctl.signal.aborted) continue;
     live.textContent = "reconnecting…"; live.className = "pill";
     await new Promise((r) => setTimeout(r, 2000));
     render(); // what changed while away
@@ -353,6 +396,12 @@ document.getElementById("token-btn").addEventListener("click", () => {
   localStorage.setItem("warden-token", token);
   render();
 });
-window.addEventListener("hashchange", () => { selectedStep = null; render(); });
+window.addEventListener("hashchange", () => {
+  selectedStep = null;
+  if (route().name !== "dlq") dlqPage = {after: 0, stack: []};
+  clearTimeout(refreshTimer); refreshTimer = null; // rendered now
+  refollow();
+  render();
+});
 render();
 follow();
