@@ -28,9 +28,19 @@ type ShellConfig struct {
 	// with a slash must be absolute. Defaults to none: shell refuses
 	// everything.
 	AllowedCommands []string `yaml:"allowed_commands"`
+	// AllowedArgs pins the arguments of a command listed in
+	// allowed_commands (keyed by the same string): a task's args must
+	// match one of its entries, a list of regular expressions (RE2) each
+	// matched against the whole of one argument, as many arguments as
+	// patterns; [[]] allows no arguments only. E.g. {git: [[fetch,
+	// origin], [checkout, "[0-9a-f]{40}"]]}. A command without an entry
+	// takes any arguments, and most programs run any code through theirs
+	// (git -c alias.x='!cmd' x, find -exec, make --eval): list one for
+	// every command whose tasks are not trusted. Defaults to none.
+	AllowedArgs map[string][][]string `yaml:"allowed_args"`
 	// AllowedEnv, when set, are the only variables a task's env may set.
-	// Defaults to none, which allows any variable except tool options such
-	// as MAKEFLAGS and GIT_*. PATH, LD_*, DYLD_*, BASH_FUNC_* and the other
+	// Defaults to none, which allows any variable except tool options and
+	// config locations such as MAKEFLAGS, GIT_*, HOME and XDG_*. PATH, LD_*, DYLD_*, BASH_FUNC_* and the other
 	// loader and shell start-up variables are refused either way.
 	AllowedEnv []string `yaml:"allowed_env"`
 	// TailBytes is how many trailing bytes of stdout and stderr go into the
@@ -51,13 +61,18 @@ const (
 )
 
 // Validate reports the first allowed_commands entry that is a relative
-// path, the first allowed_env entry no task may set, or the first exit_codes
+// path, the first allowed_args entry for a command not in
+// allowed_commands, without an argument list or with an invalid pattern,
+// the first allowed_env entry no task may set, or the first exit_codes
 // entry that is not 1..255 mapped to retriable or permanent.
 func (c ShellConfig) Validate() error {
 	for i, cmd := range c.AllowedCommands {
 		if err := checkCommandPath(cmd); err != nil {
 			return fmt.Errorf("shell.allowed_commands[%d]: %w", i, err)
 		}
+	}
+	if _, err := compileArgs(c.AllowedArgs, c.AllowedCommands); err != nil {
+		return err
 	}
 	for i, name := range c.AllowedEnv {
 		if problem := neverAllowedEnv(name); problem != "" {
@@ -118,7 +133,9 @@ type ShellParams struct {
 	// Command to run, found in the agent's PATH unless it is an absolute
 	// path. Required.
 	Command string `json:"command"`
-	// Args are passed as they are: there is no shell to expand them.
+	// Args are passed as they are: there is no shell to expand them. They
+	// must match one of shell.allowed_args' entries for Command, if it has
+	// any.
 	Args []string `json:"args,omitempty"`
 	// Env is added to an environment holding only the agent's PATH; see
 	// ShellConfig.AllowedEnv for the variables a task may set.
@@ -150,6 +167,8 @@ func Shell(cfg ShellConfig) Func {
 		cfg.TailBytes = DefaultTailBytes
 	}
 	cfg.ExitCodes = maps.Clone(cfg.ExitCodes)
+	// Invalid (Validate was not called), it refuses every command.
+	allowedArgs, argsErr := compileArgs(cfg.AllowedArgs, cfg.AllowedCommands)
 	return func(ctx context.Context, params json.RawMessage) (any, error) {
 		var p ShellParams
 		if err := Decode(params, &p); err != nil {
@@ -163,6 +182,9 @@ func Shell(cfg ShellConfig) Func {
 		}
 		if err := checkCommandPath(p.Command); err != nil {
 			return nil, Permanentf("%w: %w", ErrCommandNotAllowed, err)
+		}
+		if err := checkArgs(p.Command, p.Args, allowedArgs, argsErr); err != nil {
+			return nil, err
 		}
 		if err := checkEnv(p.Env, cfg.AllowedEnv); err != nil {
 			return nil, err
@@ -212,6 +234,10 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	cmd.Env = commandEnv(p.Env)
 	stdout, stderr := newTail(tailBytes), newTail(tailBytes)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
+	// The command's own process group: ending the context kills what the
+	// command started too (proc_*.go).
+	cmd.SysProcAttr = commandSysProcAttr()
+	cmd.Cancel = func() error { return killGroup(cmd.Process) }
 	// A child that inherited the pipes must not keep us waiting after the
 	// command was killed.
 	cmd.WaitDelay = time.Second

@@ -174,6 +174,10 @@ func TestShellEnv(t *testing.T) {
 		{open, "GIT_CONFIG_COUNT", "list it in shell.allowed_env"},
 		{open, "GIT_SSH_COMMAND", "list it in shell.allowed_env"},
 		{open, "NODE_OPTIONS", "list it in shell.allowed_env"},
+		// Where git finds ~/.gitconfig, whose aliases run any command.
+		{open, "HOME", "list it in shell.allowed_env"},
+		{open, "XDG_CONFIG_HOME", "list it in shell.allowed_env"},
+		{open, "ENV", "list it in shell.allowed_env"},
 		{listed, "OTHER", `"OTHER" is not in shell.allowed_env`},
 		{listed, "GIT_CONFIG_COUNT", "is not in shell.allowed_env"},
 	} {
@@ -244,5 +248,63 @@ func TestShellConfigValidate(t *testing.T) {
 		if err := bad.cfg.Validate(); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", bad.cfg, err, bad.want)
 		}
+	}
+}
+
+// allowed_args pins what a command may be asked to do: find, allowed by
+// name, would otherwise run any program through -exec.
+func TestShellAllowedArgs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.txt"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var cfg actions.ShellConfig
+	yaml := "allowed_commands: [find, echo, pwd]\n" +
+		"allowed_args: {find: [[., -name, '[a-z]+\\.txt']], pwd: [[]]}\n"
+	if err := config.Decode([]byte(yaml), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	shell := actions.Shell(cfg)
+	params := func(command string, args ...string) string {
+		b, _ := json.Marshal(actions.ShellParams{Command: command, Args: args, Dir: dir})
+		return string(b)
+	}
+	shellOK(t, shell, params("find", ".", "-name", "a.txt"), "./a.txt\n")
+	shellOK(t, shell, params("pwd"), "/")
+	shellOK(t, shell, params("echo", "-n", "any", "args"), "any args") // no entry: any args
+	for _, args := range [][]string{
+		{".", "-exec", "touch", "pwned", ";"},
+		{".", "-name", "a.txt", "-exec", "touch", "pwned", ";"},
+		{".", "-name", "a.txt; touch pwned"}, // a pattern matches the whole argument
+		{".", "-name"},
+	} {
+		shellRefused(t, shell, params("find", args...), actions.ErrArgsNotAllowed, "match none of the 1 entries of shell.allowed_args[find]")
+	}
+	shellRefused(t, shell, params("pwd", "-P"), actions.ErrArgsNotAllowed, "shell.allowed_args[pwd]")
+	if _, err := os.Stat(filepath.Join(dir, "pwned")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused command ran: %v", err)
+	}
+
+	for _, bad := range []struct {
+		cfg  actions.ShellConfig
+		want string
+	}{
+		{actions.ShellConfig{AllowedCommands: []string{"find"}, AllowedArgs: map[string][][]string{"git": {{"status"}}}},
+			`shell.allowed_args[git]: "git" is not in shell.allowed_commands`},
+		{actions.ShellConfig{AllowedCommands: []string{"find"}, AllowedArgs: map[string][][]string{"find": {}}},
+			"shell.allowed_args[find]: must list at least one argument list"},
+		{actions.ShellConfig{AllowedCommands: []string{"find"}, AllowedArgs: map[string][][]string{"find": {{"."}, {".", "(["}}}},
+			"shell.allowed_args[find][1][1]: error parsing regexp"},
+	} {
+		err := bad.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", bad.cfg, err, bad.want)
+		}
+		// Run without Validate, an invalid allowed_args refuses everything.
+		shellRefused(t, actions.Shell(bad.cfg), params("find", "."), actions.ErrArgsNotAllowed, bad.want)
 	}
 }

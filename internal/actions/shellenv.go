@@ -33,7 +33,10 @@ var (
 )
 
 // Variables through which common tools take options or code (make's
-// MAKEFLAGS, git's GIT_CONFIG_*, interpreters' search paths): refused unless
+// MAKEFLAGS, git's GIT_CONFIG_*, interpreters' search paths), or find the
+// configuration files they load it from (HOME and XDG_CONFIG_HOME: git's
+// ~/.gitconfig can define an alias or core.fsmonitor that runs any
+// command; ENV and ZDOTDIR: shell start-up files): refused unless
 // shell.allowed_env lists them. The list cannot be complete, which is why
 // allowed_env exists.
 var (
@@ -44,8 +47,9 @@ var (
 		"NODE_OPTIONS", "NODE_PATH",
 		"JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS",
 		"GOFLAGS", "RUSTC_WRAPPER", "SSH_ASKPASS",
+		"HOME", "ENV", "ZDOTDIR", "CURL_HOME", "WGETRC",
 	}
-	toolEnvPrefixes = []string{"GIT_", "npm_config_", "NPM_CONFIG_"}
+	toolEnvPrefixes = []string{"GIT_", "XDG_", "npm_config_", "NPM_CONFIG_"}
 )
 
 // checkEnv returns a permanent error naming the first variable, by name, that

@@ -58,7 +58,8 @@ func (a *Agent) dispatch(fetchCtx, workCtx context.Context, tasks *sync.WaitGrou
 			continue
 		}
 		if alone {
-			alone = a.unackedElsewhere(fetchCtx, len(slots)-1)
+			// Abandoned handlers (runHandler) hold slots without a delivery.
+			alone = a.unackedElsewhere(fetchCtx, max(0, len(slots)-1-int(a.stats.abandoned.Load())))
 		}
 		n := 1
 	more:
@@ -164,12 +165,18 @@ func (a *Agent) pull(fetchCtx, workCtx context.Context, n int, slots chan struct
 		if isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)) {
 			suspects = append(suspects, done)
 		}
+		// Held from now on: counted in flight (ghosts.go) until process
+		// has settled it and its handler, if one started, has returned.
+		a.stats.inFlight.Add(1)
+		hold := newTaskHold(func() {
+			a.stats.inFlight.Add(-1)
+			close(done)
+			<-slots
+		})
 		tasks.Add(1)
 		go func() {
 			defer tasks.Done()
-			defer func() { <-slots }()
-			defer close(done)
-			a.process(workCtx, msg, delivery)
+			a.process(workCtx, msg, delivery, hold)
 		}()
 	}
 	if got < n && !errors.Is(fctx.Err(), context.Canceled) {

@@ -17,7 +17,10 @@
 //   - Only actions the configuration allows run (Config.Actions); any other
 //     task is answered with a permanent "unknown action" failure.
 //   - At most MaxConcurrent tasks run; a task is pulled only when a slot is
-//     free, so none waits in the agent while its lease runs.
+//     free, so none waits in the agent while its lease runs. A handler that
+//     ignores its context's end is reported without after a short grace,
+//     but keeps its slot (and, a suspect's, the right to run alone) until
+//     it returns (Stats.Abandoned).
 //   - While a handler runs its lease is extended every lease/3, and an
 //     extension counts only once the server confirmed it. If the lease we are
 //     sure of runs out, the handler's context is cancelled with ErrLeaseLost
@@ -30,8 +33,11 @@
 //     copied to warden.dlq.<pool>.<agent> (Warden-DLQ-Reason undecodable or
 //     expired) and only then terminated, so nothing vanishes unrecorded.
 //   - The result is published (deduplicated by Nats-Msg-Id
-//     <job>.<step>.<epoch>.<token>) before the task is acked, and the ack
-//     waits for the server's confirmation: a task is never lost in between.
+//     <job>.<step>.<epoch>.<token>) and stored (PubAck) before the task is
+//     acked: a task is never lost in between. The ack itself is a plain
+//     publish, not confirmed: if it is lost, the redelivery is acked unrun
+//     while this agent remembers the result, or else runs again, and its
+//     result is deduplicated or fenced by epoch.
 //   - A handler's error decides the result: Permanent, Retriable and
 //     RetryAfter set error_class and retry_after; any error with an
 //     ErrorClass() string method is classified the same way; other errors
@@ -50,5 +56,6 @@
 //     need be.
 //
 // Execution is at least once: handlers must be idempotent. Package
-// agenttest runs a handler against a task without NATS.
+// agenttest runs a handler against a task without NATS, through the same
+// code (Execute).
 package agent

@@ -11,14 +11,35 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-// Execute runs h for t the way the agent does, without NATS or leases:
-// a panic becomes a failure, the error's type sets the class, the output is
-// encoded as JSON. It is what agenttest uses; the runtime adds deadlines,
-// lease extension and reporting around the same steps.
+// Execute runs h for t the way an agent with the default configuration
+// does, through the same code, without NATS, leases or the cluster checks:
+// the handler's context ends a margin before t.Deadline (and at most
+// t.Timeout after start) with cause ErrDeadline, and an error it returns
+// after that says so; a handler that ignores cancellation is given up on
+// after the same grace; a panic becomes a failure; the error's type sets
+// the class; the output is encoded as JSON; the result is cut to
+// max_result_bytes. A task whose deadline leaves no time to run is not
+// run: its result is the failure of a handler that could not start
+// ("step deadline reached: passed before the handler could start"), where
+// an agent dead-letters it and reports nothing. It is what agenttest uses.
 func Execute(ctx context.Context, h HandlerFunc, t *Task) protocol.Result {
+	return ExecuteConfig(ctx, Config{}, h, t)
+}
+
+// ExecuteConfig is Execute as an agent configured with cfg (defaults
+// filled in) runs it: its MaxResultBytes bounds the result.
+func ExecuteConfig(ctx context.Context, cfg Config, h HandlerFunc, t *Task) protocol.Result {
+	cfg = cfg.WithDefaults()
 	started := time.Now()
-	out, err := call(ctx, h, t)
-	return buildResult(t, "", "", started, time.Now(), out, err)
+	var o outcome
+	if p, ok := planTask(started, t.Deadline, t.Timeout.Std()); ok {
+		o = runHandler(ctx, handlerEnv{now: time.Now}, p, h, t)
+	} else {
+		o.err = fmt.Errorf("%w: passed before the handler could start", ErrDeadline)
+	}
+	r := buildResult(t, "", "", started, time.Now(), o.out, o.err)
+	_, _, _ = fitResult(&r, cfg.MaxResultBytes) // cannot fail: call encoded the output
+	return r
 }
 
 // call runs h, turning a panic into a *panicError: a panic in h, and one

@@ -17,8 +17,10 @@ import (
 // apart, the consumer is deleted and created again, which delivers the
 // ghosts' messages (still in the work-queue stream) afresh. A task the
 // agent does hold but cannot finish (a result publish waiting for a lost
-// PubAck, say) is not a ghost: the check stays quiet while anything is in
-// flight, and report.go bounds each publish instead.
+// PubAck, say, or an expiry report or a dead letter, before it runs) is
+// not a ghost: the check stays quiet while anything is in flight, counted
+// from the delivery's arrival (pull), and report.go bounds each publish
+// instead.
 type ghostCheck struct {
 	next  time.Time // no check before then
 	since time.Time // ghosts first seen (zero: none)

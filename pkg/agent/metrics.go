@@ -20,7 +20,8 @@ func (a *Agent) MetricsHandler() http.Handler {
 			name, kind, help string
 			value            float64
 		}{
-			{"warden_agent_tasks_in_flight", "gauge", "Tasks running now.", float64(s.InFlight)},
+			{"warden_agent_tasks_in_flight", "gauge", "Tasks held now, running or being settled.", float64(s.InFlight)},
+			{"warden_agent_handlers_abandoned", "gauge", "Handlers that ignored cancellation and still run, each holding its slot.", float64(s.Abandoned)},
 			{"warden_agent_max_concurrent", "gauge", "Configured max_concurrent.", float64(a.cfg.MaxConcurrent)},
 			{"warden_agent_results_succeeded_total", "counter", "Results reported as succeeded.", float64(s.Succeeded)},
 			{"warden_agent_results_failed_total", "counter", "Results reported as failed.", float64(s.Failed)},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,8 +32,10 @@ type outcome struct {
 }
 
 // process runs one task message to its end: a published result and an ack,
-// a hand-back, or (lease lost, deadline passed) nothing at all.
-func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uint64) {
+// a hand-back, or (lease lost, deadline passed) nothing at all. It owns
+// hold (see taskHold) with the handler it starts.
+func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uint64, hold *taskHold) {
+	defer hold.done()
 	received := a.now()
 	pt, err := decodeTask(msg)
 	if err != nil {
@@ -98,8 +101,6 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		a.running.CompareAndDelete(runKey, run)
 		a.handBack(msg)
 	}
-	a.stats.inFlight.Add(1)
-	defer a.stats.inFlight.Add(-1)
 	started := a.now()
 	log.Debug().Time("deadline", pt.Deadline).Msg("task started")
 
@@ -130,7 +131,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		handBack()
 		return
 	}
-	defer release()
+	hold.add(release)
 	if delivery > 1 {
 		log.Warn().Msg("redelivered task: running it alone in case it is what killed the last run")
 	}
@@ -141,7 +142,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	if admitErr != nil {
 		o.err = admitErr
 	} else if allowed {
-		o = a.runHandler(hctx, p, h, task)
+		o = runHandler(hctx, handlerEnv{now: a.now, hold: hold, abandoned: &a.stats.abandoned}, p, h, task)
 	} else {
 		o.err = Permanent(fmt.Errorf("unknown action %q (this agent allows: %s)", pt.Action, strings.Join(a.allowedNames, ", ")))
 	}
@@ -158,8 +159,11 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		log.Warn().Bool("handler_failed", o.err != nil).
 			Msg("connection closed for good: abandoning the task unreported; the supervisor re-dispatches it")
 		return
-	case errors.Is(o.err, testhook.ErrDrop):
-		// A test kit's agent "crashing" with the task: hand it back, say nothing.
+	case a.hooks != nil && errors.Is(o.err, testhook.ErrDrop):
+		// A test kit's agent "crashing" with the task: hand it back, say
+		// nothing. Only there: agenttest.ErrDrop is public, and returned
+		// by a real handler its task came back unreported, silently, until
+		// max_deliver.
 		log.Info().Msg("handler dropped the task: handing it back unreported")
 		handBack()
 		return
@@ -191,19 +195,37 @@ func cancelledBy(err error) error {
 	return Permanent(fmt.Errorf("%s by an operator: %w", protocol.ErrorCancelled, err))
 }
 
+// handlerEnv is what runHandler needs of the agent; Execute runs handlers
+// with a zero one but for the clock.
+type handlerEnv struct {
+	now func() time.Time
+	// hold is shared with the handler's goroutine (see taskHold).
+	hold *taskHold
+	// abandoned counts handlers given up on that still run; nil: not counted.
+	abandoned *atomic.Int64
+}
+
+// Handler goroutine states (runHandler).
+const (
+	handlerRunning int32 = iota
+	handlerReturned
+	handlerAbandoned
+)
+
 // runHandler runs h under its deadline. A handler that ignores cancellation
-// is waited for a short grace, then reported as failed and left running.
+// is waited for a short grace, then reported as failed and left running,
+// holding its slot and tokens until it returns (env.hold).
 // An error the handler returns once its deadline has passed says so
 // (ErrDeadline), whatever the handler made of it: retries classify a step
 // by that, as a timeout. A handler whose deadline passed while it waited to
 // run (a suspect waiting to run alone) is not started.
-func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task) (o outcome) {
+func runHandler(hctx context.Context, env handlerEnv, p plan, h HandlerFunc, t *Task) (o outcome) {
 	if !p.handlerDeadline.IsZero() {
 		cause := ErrDeadline
 		if p.timeoutFirst {
 			cause = fmt.Errorf("%w: step timeout %s", ErrDeadline, t.Timeout)
 		}
-		if !a.now().Before(p.handlerDeadline) {
+		if !env.now().Before(p.handlerDeadline) {
 			return outcome{err: fmt.Errorf("%w: passed before the handler could start", cause)}
 		}
 		var cancel context.CancelFunc
@@ -216,12 +238,20 @@ func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task)
 		}()
 	}
 	done := make(chan outcome, 1)
+	var state atomic.Int32 // handlerRunning, then returned or abandoned
+	env.hold.share()
 	go func() {
+		defer env.hold.done()
 		// Sent on the way out, also when the handler ends its goroutine
 		// with runtime.Goexit (t.FailNow in a handler): recover does not
 		// see that, and the task held its slot until its deadline.
 		o := outcome{err: Permanent(errGoexit)}
-		defer func() { done <- o }()
+		defer func() {
+			if !state.CompareAndSwap(handlerRunning, handlerReturned) && env.abandoned != nil {
+				env.abandoned.Add(-1)
+			}
+			done <- o
+		}()
 		out, err := call(hctx, h, t)
 		o = outcome{out: out, err: err}
 	}()
@@ -236,7 +266,16 @@ func (a *Agent) runHandler(hctx context.Context, p plan, h HandlerFunc, t *Task)
 	case o := <-done:
 		return o
 	case <-grace.C:
-		t.Log.Error().Dur("grace", p.grace).Msg("handler ignores cancellation; reporting without it (it keeps running)")
+		if env.abandoned != nil {
+			env.abandoned.Add(1) // before the goroutine may take it off
+		}
+		if !state.CompareAndSwap(handlerRunning, handlerAbandoned) {
+			if env.abandoned != nil {
+				env.abandoned.Add(-1)
+			}
+			return <-done // it returned as the grace ended
+		}
+		t.Log.Error().Dur("grace", p.grace).Msg("handler ignores cancellation; reporting without it (it keeps running, and its slot stays taken until it returns)")
 		return outcome{err: fmt.Errorf("handler did not return after cancellation: %w", context.Cause(hctx)), abandoned: true}
 	}
 }

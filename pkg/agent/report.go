@@ -142,19 +142,9 @@ func (a *Agent) resultMsg(r protocol.Result, log zerolog.Logger) (*nats.Msg, pro
 	outBytes := len(r.Output)
 	mp := int(a.nc.MaxPayload())
 	limit := a.resultLimit(mp, payloadBytes(m))
-	cut := boundResult(&r, limit)
-	b, err := json.Marshal(r)
+	b, cut, err := fitResult(&r, limit)
 	if err != nil {
-		return nil, r, mp, fmt.Errorf("encode result: %w", err)
-	}
-	if !cut && len(b) > limit {
-		// Over the limit uncut (boundResult's estimate misses an
-		// escaping-heavy error): cut it, measuring this time. Not a cut
-		// result again: its original_bytes would be the first cut's.
-		cut = cutResult(&r, limit)
-		if b, err = json.Marshal(r); err != nil {
-			return nil, r, mp, fmt.Errorf("encode result: %w", err)
-		}
+		return nil, r, mp, err
 	}
 	m.Data = b
 	if cut {
@@ -221,6 +211,26 @@ const maxErrorBytes = 8 << 10
 
 // truncatedSuffix ends an error message that was cut.
 const truncatedSuffix = "… (truncated)"
+
+// fitResult cuts r to encode in at most limit bytes, if it can, and
+// returns its encoding and whether anything was cut.
+func fitResult(r *protocol.Result, limit int) ([]byte, bool, error) {
+	cut := boundResult(r, limit)
+	b, err := json.Marshal(*r)
+	if err != nil {
+		return nil, cut, fmt.Errorf("encode result: %w", err)
+	}
+	if !cut && len(b) > limit {
+		// Over the limit uncut (boundResult's estimate misses an
+		// escaping-heavy error): cut it, measuring this time. Not a cut
+		// result again: its original_bytes would be the first cut's.
+		cut = cutResult(r, limit)
+		if b, err = json.Marshal(*r); err != nil {
+			return nil, cut, fmt.Errorf("encode result: %w", err)
+		}
+	}
+	return b, cut, nil
+}
 
 // boundResult cuts a result whose encoding would exceed limit bytes: the
 // error to maxErrorBytes, the output to a JSON object holding its start

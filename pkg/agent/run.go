@@ -118,6 +118,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	<-dispatched
 	<-repulled
 	a.drain(ann, &tasks, stopWork, closed)
+	if n := a.stats.abandoned.Load(); n > 0 {
+		a.log.Warn().Int64("handlers", n).Msg("handlers that ignored cancellation still run (their tasks were reported or given up); they end with the process")
+	}
 	a.stopCluster()
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), setupTimeout)

@@ -9,7 +9,13 @@ import (
 
 // Stats are the agent's counters since start.
 type Stats struct {
-	InFlight   int    `json:"in_flight"`
+	// InFlight are the deliveries this agent holds, from their arrival
+	// until they are settled and their handler, if one started, returned.
+	InFlight int `json:"in_flight"`
+	// Abandoned are the handlers that ignored cancellation, were reported
+	// (or dropped) without after a grace, and still run: each holds its
+	// slot, and counts in InFlight, until it returns.
+	Abandoned  int    `json:"abandoned"`
 	Succeeded  uint64 `json:"succeeded"`   // results reported as succeeded
 	Failed     uint64 `json:"failed"`      // results reported as failed (cluster refusals are not: see ClusterFenced)
 	LeaseLost  uint64 `json:"lease_lost"`  // tasks abandoned because the lease was not confirmed
@@ -20,6 +26,7 @@ type Stats struct {
 
 type counters struct {
 	inFlight   atomic.Int64
+	abandoned  atomic.Int64
 	succeeded  atomic.Uint64
 	failed     atomic.Uint64
 	leaseLost  atomic.Uint64
@@ -59,6 +66,7 @@ func (a *Agent) Stats() Stats {
 	c := &a.stats
 	return Stats{
 		InFlight:   int(c.inFlight.Load()),
+		Abandoned:  int(c.abandoned.Load()),
 		Succeeded:  c.succeeded.Load(),
 		Failed:     c.failed.Load(),
 		LeaseLost:  c.leaseLost.Load(),

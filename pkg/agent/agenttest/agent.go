@@ -20,6 +20,8 @@ import (
 // ErrDrop, returned by a Script, hands the task back unreported: what an
 // agent that crashed mid-task does to the step, but at once rather than
 // after its lease. The delivery counts towards the consumer's max_deliver.
+// Only an agent StartAgent runs does so: returned by the handler of any
+// other agent, ErrDrop is an ordinary failure, reported.
 var ErrDrop = testhook.ErrDrop
 
 // Script decides what a scripted agent does with each task, as a handler

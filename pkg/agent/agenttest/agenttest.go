@@ -1,7 +1,6 @@
 package agenttest
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -41,23 +40,15 @@ func NewTask(tb testing.TB, action string, params any) *agent.Task {
 	}
 }
 
-// Run runs h for task and returns the result the agent would report. The
-// handler's context ends at task.Deadline, or task.Timeout after start, or
-// when the test ends.
+// Run runs h for task and returns the result an agent with the default
+// configuration would report (agent.Execute; agent.ExecuteConfig for
+// another): the handler's context ends as the agent ends it, a margin
+// before task.Deadline or task.Timeout after start (cause agent.ErrDeadline),
+// or when the test ends; a task whose deadline leaves no time is not run;
+// the result is cut to max_result_bytes.
 func Run(tb testing.TB, h agent.HandlerFunc, task *agent.Task) protocol.Result {
 	tb.Helper()
-	ctx := tb.Context()
-	if !task.Deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadlineCause(ctx, task.Deadline, agent.ErrDeadline)
-		defer cancel()
-	}
-	if task.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, task.Timeout.Std(), agent.ErrDeadline)
-		defer cancel()
-	}
-	return agent.Execute(ctx, h, task)
+	return agent.Execute(tb.Context(), h, task)
 }
 
 // DecodeOutput decodes a result's output into v, failing the test if it

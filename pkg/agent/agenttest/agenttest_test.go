@@ -49,3 +49,33 @@ func TestRun(t *testing.T) {
 		t.Fatalf("panic: got %+v", res)
 	}
 }
+
+// Run ends a handler's context when an agent does, a margin before the
+// step's deadline (2s, a tenth of the time left at most), so that the
+// failure can be reported in time, and does not start one that has no
+// time left. The kit ran it until the deadline itself, and ran it when the
+// deadline had passed.
+func TestRunDeadlineAsAnAgent(t *testing.T) {
+	t.Parallel()
+	task := agenttest.NewTask(t, "deadline", nil)
+	task.Deadline = time.Now().Add(time.Hour)
+	var got time.Time
+	res := agenttest.Run(t, func(ctx context.Context, _ *agent.Task) (any, error) {
+		got, _ = ctx.Deadline()
+		return nil, nil
+	}, task)
+	if want := task.Deadline.Add(-2 * time.Second); res.Status != protocol.ResultSucceeded || !got.Equal(want) {
+		t.Fatalf("handler's context ends %s (result %+v), want %s, 2s before the step's deadline", got, res, want)
+	}
+
+	late := agenttest.NewTask(t, "late", nil)
+	late.Deadline = time.Now().Add(-time.Second)
+	ran := false
+	res = agenttest.Run(t, func(context.Context, *agent.Task) (any, error) {
+		ran = true
+		return nil, nil
+	}, late)
+	if want := "step deadline reached: passed before the handler could start"; ran || res.Status != protocol.ResultFailed || res.Error != want {
+		t.Fatalf("ran=%v, result %+v; want the handler not run and the error %q", ran, res, want)
+	}
+}

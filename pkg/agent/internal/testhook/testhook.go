@@ -9,10 +9,11 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
-// ErrDrop, returned by a handler (wrapped or not), makes the runtime hand
-// the task back (Nak) without reporting anything: what an agent that
-// crashed mid-task does to the step, but at once instead of after its
-// lease. The delivery counts towards the consumer's max_deliver.
+// ErrDrop, returned by a handler (wrapped or not) of an agent with Hooks
+// installed, makes the runtime hand the task back (Nak) without reporting
+// anything: what an agent that crashed mid-task does to the step, but at
+// once instead of after its lease. The delivery counts towards the
+// consumer's max_deliver. Without Hooks it is an ordinary failure.
 var ErrDrop = errors.New("task dropped without a report")
 
 // Hooks change what the runtime does, for tests.

@@ -1,0 +1,133 @@
+package actions_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/actions"
+)
+
+// waitPIDFile waits for the pid a script wrote to dir/pid and kills that
+// process when the test ends, whatever became of it.
+func waitPIDFile(t *testing.T, dir string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "pid"))
+		if err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatalf("pid file %q: %v", b, err)
+			}
+			t.Cleanup(func() {
+				if processAlive(pid) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			})
+			return pid
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not write its pid file within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// processAlive reports whether pid is a sleep that has not ended (a zombie
+// has: an init that does not reap, as in some containers, keeps it listed).
+func processAlive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "<pid> (<comm>) <state> ...": comm may hold spaces, so split at ')'.
+	comm, rest, ok := strings.Cut(string(stat), ") ")
+	return ok && strings.HasSuffix(comm, "(sleep") && !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
+}
+
+// waitGone waits for pid to end, failing the test with why if it does not.
+func waitGone(t *testing.T, pid int, why string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still running 10s after %s", pid, why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A cancelled command takes what it started with it: killing the command
+// alone left a script's or make's children running, re-parented to init,
+// beside the step's retry and after the agent.
+func TestShellCancelKillsProcessGroup(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	shell := actions.Shell(actions.ShellConfig{AllowedCommands: []string{"sh"}})
+	params, _ := json.Marshal(actions.ShellParams{Command: "sh", Dir: dir,
+		Args: []string{"-c", "sleep 300 & echo $! > pid.tmp && mv pid.tmp pid; wait"}})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	type result struct {
+		out any
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := shell(ctx, params)
+		done <- result{out, err}
+	}()
+	child := waitPIDFile(t, dir)
+	stop := errors.New("step cancelled")
+	cancel(stop)
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("shell did not return within 10s of its context ending")
+	}
+	if !errors.Is(r.err, stop) {
+		t.Fatalf("error %v, want one wrapping the context's cause", r.err)
+	}
+	waitGone(t, child, "its command was cancelled")
+}
+
+// The command dies with the agent, here a test binary killed while it runs
+// one (the parent-death signal).
+func TestShellCommandDiesWithAgent(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	agent := exec.Command(os.Args[0], "-test.run=^TestShellHelperAgent$")
+	agent.Env = append(os.Environ(), "WARDEN_SHELL_HELPER_DIR="+dir)
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = agent.Process.Kill(); _ = agent.Wait() })
+	child := waitPIDFile(t, dir)
+	if err := agent.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = agent.Wait()
+	waitGone(t, child, "the agent running it was killed")
+}
+
+// TestShellHelperAgent is the agent TestShellCommandDiesWithAgent kills: it
+// runs a command that writes its pid and sleeps.
+func TestShellHelperAgent(t *testing.T) {
+	dir := os.Getenv("WARDEN_SHELL_HELPER_DIR")
+	if dir == "" {
+		t.Skip("run by TestShellCommandDiesWithAgent")
+	}
+	shell := actions.Shell(actions.ShellConfig{AllowedCommands: []string{"sh"}})
+	params, _ := json.Marshal(actions.ShellParams{Command: "sh", Dir: dir,
+		Args: []string{"-c", "echo $$ > pid.tmp && mv pid.tmp pid && exec sleep 300"}})
+	_, _ = shell(context.Background(), params)
+}
