@@ -24,6 +24,10 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	needState := false
 	for k := range jt.inputs {
 		in := &jt.inputs[k]
+		if in.kind == inResult && !protocol.ValidToken(jt.id) {
+			w.refuseResultForNoJob(jt, k)
+			continue
+		}
 		if in.kind == inSubmit && in.tooLarge > 0 {
 			w.s.rejectSubmission(jt, k, &spec.ValidationError{Reason: spec.ReasonTooLarge,
 				Msg: "the job's record would be larger than the server takes in one message (max_payload): submit smaller params, or lower max_spec_bytes"})
@@ -168,11 +172,22 @@ func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobStat
 func (w *worker) unknownJob(jt *jobTurn) {
 	for k, in := range jt.inputs {
 		if in.kind == inResult {
-			w.s.rejectResult(jt, k, reasonUnknownJob, fmt.Errorf("no job %s", jt.id), in.result)
+			r, _, _, _ := decodeResult(in.msg) // what it names, for the event
+			w.s.rejectResult(jt, k, reasonUnknownJob, fmt.Errorf("no job %s", jt.id), r)
 			continue
 		}
 		jt.settle[k].term = "unknown job"
 	}
+}
+
+// refuseResultForNoJob refuses a result whose subject names a job id
+// that is not a token: no job has it, and the store is not asked.
+func (w *worker) refuseResultForNoJob(jt *jobTurn, k int) {
+	r, _, reason, err := decodeResult(jt.inputs[k].msg)
+	if reason == "" {
+		reason, err = reasonUnknownJob, fmt.Errorf("no job %q: a job id may contain only letters, digits, '_' and '-'", clipID(jt.id))
+	}
+	w.s.rejectResult(jt, k, reason, err, r)
 }
 
 // newJobState builds the records of a freshly submitted job, all to be
@@ -257,11 +272,37 @@ const republishWithin = 90 * time.Second
 // leaves a step that would wait for its whole lease; the next owner reads
 // the job and publishes the task (the same Nats-Msg-Id, so a task that was
 // stored is dropped as a duplicate).
+//
+// How recent is judged by the dispatch of the step's current epoch
+// (dispatchedAt), never by the record's updated_at: a cancel writes that
+// too, and a step cancelled more than the duplicate window after its
+// dispatch had its task published again, stored as a new message, and run
+// a second time by an agent that took it for a fresh delivery. A step or
+// job to be cancelled gets no task again either way (but a compensation,
+// which runs under a cancelled job, does).
 func (w *worker) republish(jt *jobTurn, js *jobState, now time.Time) {
+	if js.job.Desired == jobstore.JobCancelled && js.job.State != jobstore.JobCompensating {
+		return // its steps are being stopped (cancel); a compensation's run
+	}
 	for i, st := range js.steps {
-		if st.State != jobstore.StepDispatched || st.Token == "" || st.Actor == "" || now.Sub(st.UpdatedAt) > republishWithin {
+		if st.State != jobstore.StepDispatched || st.Desired == jobstore.StepCancelled || st.Token == "" || st.Actor == "" {
+			continue
+		}
+		if at, ok := dispatchedAt(st); !ok || now.Sub(at) > republishWithin {
 			continue
 		}
 		jt.tasks = append(jt.tasks, task{idx: i, msg: w.s.taskMsg(st, st.Pool, st.Actor, st.Token), republish: true})
 	}
+}
+
+// dispatchedAt is when the step's current epoch was dispatched: its
+// attempt's started_at, which Dispatch sets and only the epoch's result
+// changes. ok is false when the record keeps no attempt for the epoch.
+func dispatchedAt(st *jobstore.Step) (time.Time, bool) {
+	for k := len(st.Attempts) - 1; k >= 0; k-- {
+		if a := st.Attempts[k]; a.Epoch == st.Epoch {
+			return a.StartedAt, !a.StartedAt.IsZero()
+		}
+	}
+	return time.Time{}, false
 }

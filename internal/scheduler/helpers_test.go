@@ -36,18 +36,18 @@ func setup(t *testing.T) *bundle {
 }
 
 // startScheduler runs a scheduler on its own connection until the test ends.
-func (b *bundle) startScheduler(t *testing.T, cfg scheduler.Config) {
+func (b *bundle) startScheduler(t *testing.T, cfg scheduler.Config, opts ...scheduler.Option) {
 	t.Helper()
 	nc, _ := b.srv.Connect(t)
-	b.startSchedulerOn(t, nc, cfg)
+	b.startSchedulerOn(t, nc, cfg, opts...)
 }
 
 // startSchedulerOn runs a scheduler on nc until the test ends, which fails
 // if Run returns an error.
-func (b *bundle) startSchedulerOn(t *testing.T, nc *nats.Conn, cfg scheduler.Config) {
+func (b *bundle) startSchedulerOn(t *testing.T, nc *nats.Conn, cfg scheduler.Config, opts ...scheduler.Option) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	done := runScheduler(ctx, t, nc, cfg)
+	done := runScheduler(ctx, t, nc, cfg, opts...)
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -58,9 +58,9 @@ func (b *bundle) startSchedulerOn(t *testing.T, nc *nats.Conn, cfg scheduler.Con
 
 // runScheduler runs a scheduler on nc until ctx ends; the channel gets
 // what Run returned.
-func runScheduler(ctx context.Context, t *testing.T, nc *nats.Conn, cfg scheduler.Config) <-chan error {
+func runScheduler(ctx context.Context, t *testing.T, nc *nats.Conn, cfg scheduler.Config, opts ...scheduler.Option) <-chan error {
 	t.Helper()
-	s, err := scheduler.New(cfg, nc, scheduler.WithLogger(testLogger(t)))
+	s, err := scheduler.New(cfg, nc, append([]scheduler.Option{scheduler.WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

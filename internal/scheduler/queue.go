@@ -7,7 +7,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 )
 
@@ -40,7 +39,6 @@ type input struct {
 	// parsed caches parseSubmission's result: a submission parsed on
 	// arrival (priority.go) is not parsed again in its turn.
 	parsed *spec.Job
-	result *protocol.Result
 	// tries counts how often the input met a lost compare-and-set.
 	tries int
 	// reload says the job's cached records are to be read again before

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -27,6 +28,12 @@ const (
 	reasonWrongToken      = string(protocol.RejectWrongToken)
 )
 
+// eventResultFieldsIgnored: a result was applied without optional fields
+// that did not decode (Data["fields"] names them, Reason says why; the
+// step, agent and data.epoch say whose). It belongs with the protocol's
+// kinds (pkg/protocol/events.go); it is documented in docs/protocol.md.
+const eventResultFieldsIgnored protocol.EventKind = "result_fields_ignored"
+
 // resultRoute reads the job a stored result subject names:
 // warden.result.<p>.<pool>.<agent>.<job>.<step>.
 func resultRoute(subject string) (job string, ok bool) {
@@ -39,26 +46,108 @@ func resultRoute(subject string) (job string, ok bool) {
 
 // decodeResult decodes a result and checks it against its subject: the
 // subject carries the identity the server authenticated, so the body must
-// name the same agent, pool, job and step.
-func decodeResult(msg jetstream.Msg) (*protocol.Result, string, error) {
-	var r protocol.Result
-	if err := json.Unmarshal(msg.Data(), &r); err != nil {
-		return nil, reasonUndecodable, fmt.Errorf("result body is not a JSON result: %w", err)
+// name the same agent, pool, job and step. An optional field that does not
+// decode (a timestamp without its zone, "retry_after": "5") is treated as
+// absent and named in ignored; only a body whose identity does not decode
+// is refused. Refused for one such field, a result that answered its
+// dispatch was lost: the step waited for its whole lease and ran again,
+// and the agent's own Nats-Msg-Id kept a corrected copy out for the
+// stream's duplicate window.
+func decodeResult(msg jetstream.Msg) (r *protocol.Result, ignored []string, reason string, err error) {
+	r = new(protocol.Result)
+	if jerr := json.Unmarshal(msg.Data(), r); jerr != nil {
+		*r = protocol.Result{}
+		if ignored, jerr = decodeLenient(msg.Data(), r); jerr != nil {
+			// The event still says whose it is: the subject names them.
+			if tok := strings.Split(msg.Subject(), "."); len(tok) == 7 {
+				r.Pool, r.Agent, r.JobID, r.StepID = cmp.Or(r.Pool, tok[3]), cmp.Or(r.Agent, tok[4]), cmp.Or(r.JobID, tok[5]), cmp.Or(r.StepID, tok[6])
+			}
+			return r, nil, reasonUndecodable, fmt.Errorf("result body is not a JSON result: %w", jerr)
+		}
 	}
 	tok := strings.Split(msg.Subject(), ".")
 	if len(tok) != 7 {
-		return &r, reasonSubjectMismatch, fmt.Errorf("subject %s is not warden.result.<pool>.<agent>.<job>.<step>", msg.Subject())
+		return r, ignored, reasonSubjectMismatch, fmt.Errorf("subject %s is not warden.result.<pool>.<agent>.<job>.<step>", msg.Subject())
 	}
 	pool, agent, job, step := tok[3], tok[4], tok[5], tok[6]
 	if r.JobID != job || r.StepID != step || r.Agent != agent || (r.Pool != "" && r.Pool != pool) {
-		return &r, reasonSubjectMismatch, fmt.Errorf("body names %s/%s step %s.%s but the subject names %s/%s step %s.%s",
+		return r, ignored, reasonSubjectMismatch, fmt.Errorf("body names %s/%s step %s.%s but the subject names %s/%s step %s.%s",
 			r.Pool, r.Agent, r.JobID, r.StepID, pool, agent, job, step)
 	}
 	r.Pool = pool
 	if r.Status != protocol.ResultSucceeded && r.Status != protocol.ResultFailed {
-		return &r, reasonBadStatus, fmt.Errorf("status %q is neither %q nor %q", r.Status, protocol.ResultSucceeded, protocol.ResultFailed)
+		return r, ignored, reasonBadStatus, fmt.Errorf("status %q is neither %q nor %q", r.Status, protocol.ResultSucceeded, protocol.ResultFailed)
 	}
-	return &r, "", nil
+	return r, ignored, "", nil
+}
+
+// decodeLenient decodes a result whose body did not decode as a whole:
+// the fields it is fenced and routed by (job, step, epoch, token, agent,
+// pool, status: those of the embedded Result) must decode; each optional
+// one is decoded on its own and, if it does not, left absent and named in
+// ignored ("field: why"). An error text that is not a string is kept as
+// its JSON text.
+func decodeLenient(data []byte, r *protocol.Result) (ignored []string, err error) {
+	var v struct {
+		protocol.Result
+		// Shadow the Result's optional fields (the outer field wins).
+		Truncated  json.RawMessage `json:"truncated"`
+		Error      json.RawMessage `json:"error"`
+		ErrorClass json.RawMessage `json:"error_class"`
+		RetryAfter json.RawMessage `json:"retry_after"`
+		StartedAt  json.RawMessage `json:"started_at"`
+		FinishedAt json.RawMessage `json:"finished_at"`
+	}
+	err = json.Unmarshal(data, &v)
+	*r = v.Result // what decoded: for the event of a refusal
+	if err != nil {
+		return nil, err
+	}
+	field := func(name string, raw json.RawMessage, into any) bool {
+		if len(raw) == 0 {
+			return true
+		}
+		if ferr := json.Unmarshal(raw, into); ferr != nil {
+			ignored = append(ignored, name+": "+ferr.Error())
+			return false
+		}
+		return true
+	}
+	field("truncated", v.Truncated, &r.Truncated)
+	if !field("error", v.Error, &r.Error) {
+		r.Error = string(v.Error)
+	}
+	field("error_class", v.ErrorClass, &r.ErrorClass)
+	if !field("retry_after", v.RetryAfter, &r.RetryAfter) {
+		r.RetryAfter = 0
+	}
+	if !field("started_at", v.StartedAt, &r.StartedAt) {
+		r.StartedAt = time.Time{}
+	}
+	if !field("finished_at", v.FinishedAt, &r.FinishedAt) {
+		r.FinishedAt = time.Time{}
+	}
+	return ignored, nil
+}
+
+// ignoredFields records the optional fields of an applied result that did
+// not decode (decodeResult): an event naming the step and the agent, so
+// that the agent's author learns of it (once: its dedup id is the result
+// message's, however often a lost compare-and-set applies it again).
+func (w *worker) ignoredFields(jt *jobTurn, k int, r *protocol.Result, ignored []string) {
+	if len(ignored) == 0 {
+		return
+	}
+	names := make([]string, len(ignored))
+	for i, f := range ignored {
+		names[i], _, _ = strings.Cut(f, ":")
+	}
+	w.log.Warn().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).Uint64(logging.FieldEpoch, r.Epoch).
+		Str(logging.FieldAgent, r.Agent).Strs("ignored", ignored).Msg("result applied without the fields that did not decode")
+	ev := protocol.Event{Kind: eventResultFieldsIgnored, ID: r.JobID, JobID: r.JobID, StepID: r.StepID, Agent: r.Agent,
+		Reason: "applied without fields that did not decode: " + strings.Join(ignored, "; "),
+		Data:   map[string]string{"fields": strings.Join(names, ","), "epoch": strconv.FormatUint(r.Epoch, 10)}}
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(jt.inputs[k].msg)})
 }
 
 // tooLargeKeepBytes is how large a result of a turn whose write was too
@@ -76,7 +165,7 @@ const tooLargeEvery = 2
 // actor and lease token; then the step's direct dependents become ready.
 func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	in := jt.inputs[k]
-	r, reason, err := decodeResult(in.msg)
+	r, ignored, reason, err := decodeResult(in.msg)
 	if reason != "" {
 		w.s.rejectResult(jt, k, reason, err, r)
 		return
@@ -171,6 +260,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		}
 	}
 	js.markStep(i)
+	w.ignoredFields(jt, k, r, ignored)
 	w.s.metrics.ResultApplied(r.Status)
 	// The agent has a free slot again, whatever its last heartbeat says:
 	// once, however often a lost compare-and-set applies the result again.
@@ -207,7 +297,9 @@ func (s *Scheduler) rejectResult(jt *jobTurn, k int, reason string, err error, r
 		Data: map[string]string{"reason": reason, "subject": in.msg.Subject()}}
 	if r != nil {
 		ev.StepID, ev.Agent = r.StepID, r.Agent
-		ev.Data["epoch"] = strconv.FormatUint(r.Epoch, 10)
+		if r.Epoch > 0 { // 0 is no dispatch's: it did not decode, or was never set
+			ev.Data["epoch"] = strconv.FormatUint(r.Epoch, 10)
+		}
 	}
 	s.log.Warn().Str(logging.FieldJob, id).Str("reason", reason).Err(err).Str("subject", in.msg.Subject()).Msg("result rejected")
 	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})

@@ -251,20 +251,22 @@ func (s *Scheduler) Run(ctx context.Context) error {
 }
 
 func (s *Scheduler) onSubmission(m jetstream.Msg) {
-	id, ok := submissionJobID(m, s.cfg.limits())
-	if !ok {
-		id = "invalid"
-	}
-	in := input{kind: inSubmit, job: id, msg: m, at: s.now()}
+	// An id that is not a token is kept as it came, to be refused
+	// (parseSubmission: invalid_id). Replaced by a placeholder, it named
+	// a valid job: the first such submission created job "invalid", and
+	// every later one, whoever sent it, was answered existing:true and its
+	// spec dropped without a word.
+	in := input{kind: inSubmit, job: submissionJobID(m, s.cfg.limits()), msg: m, at: s.now()}
 	s.arrived(&in) // under a backlog, its priority counts from now (priority.go)
 	s.route(in)
 }
 
 func (s *Scheduler) onResult(m jetstream.Msg) {
-	job, ok := resultRoute(m.Subject())
-	if !ok || !protocol.ValidToken(job) {
-		job = "unknown"
-	}
+	// As for submissions, the job is kept as the subject names it: a
+	// result for an id that is not a token is refused (prepare). Routed as
+	// "unknown", it was judged against a job of that name, and applied to
+	// it when its step, epoch and token fitted.
+	job, _ := resultRoute(m.Subject())
 	s.route(input{kind: inResult, job: job, msg: m, at: s.now()})
 }
 

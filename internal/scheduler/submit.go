@@ -22,36 +22,44 @@ const (
 // when it can: the subject's job token (warden.submit.<p>.<job>), the
 // Warden-Job-Id header, the idempotency key (Nats-Msg-Id), the spec's
 // idempotency_key, and last the stream sequence and storage time, which
-// are the same on every redelivery. A conflict between the ways is left
-// for parseSubmission to reject; ok is false for an id that is not a
-// valid token.
-func submissionJobID(msg jetstream.Msg, limits spec.Limits) (id string, ok bool) {
+// are the same on every redelivery. A conflict between the ways, and an
+// id from the subject or the header that is not a valid token, are left
+// for parseSubmission to reject: the id is returned as it came.
+func submissionJobID(msg jetstream.Msg, limits spec.Limits) string {
 	if tok := strings.Split(msg.Subject(), "."); len(tok) == 4 {
-		return tok[3], protocol.ValidToken(tok[3])
+		return tok[3]
 	}
 	h := msg.Headers()
 	if id := h.Get(protocol.HeaderJobID); id != "" {
-		return id, protocol.ValidToken(id)
+		return id
 	}
 	if key := h.Get(protocol.HeaderMsgID); key != "" {
-		return protocol.JobIDForKey(key), true
+		return protocol.JobIDForKey(key)
 	}
 	if sp, err := spec.Parse(msg.Data(), limits); err == nil && sp.IdempotencyKey != "" {
-		return protocol.JobIDForKey(sp.IdempotencyKey), true
+		return protocol.JobIDForKey(sp.IdempotencyKey)
 	}
 	md, err := msg.Metadata()
 	if err != nil {
-		return protocol.NewJobID(), true
+		return protocol.NewJobID()
 	}
-	return protocol.JobIDForKey(strconv.FormatUint(md.Sequence.Stream, 10) + "@" + md.Timestamp.String()), true
+	return protocol.JobIDForKey(strconv.FormatUint(md.Sequence.Stream, 10) + "@" + md.Timestamp.String())
+}
+
+// idField names where a submission's job id came from, for a refusal.
+func idField(msg jetstream.Msg) string {
+	if strings.Count(msg.Subject(), ".") == 3 {
+		return "subject"
+	}
+	return protocol.HeaderJobID
 }
 
 // parseSubmission parses and checks a submission: the spec itself, and
 // that every way it names its job agrees (subject, header, idempotency key).
 func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 	if !protocol.ValidToken(in.job) {
-		return nil, &spec.ValidationError{Reason: spec.ReasonInvalidID, Field: protocol.HeaderJobID,
-			Msg: fmt.Sprintf("%q may contain only letters, digits, '_' and '-'", in.job)}
+		return nil, &spec.ValidationError{Reason: spec.ReasonInvalidID, Field: idField(in.msg),
+			Msg: fmt.Sprintf("job id %q may contain only letters, digits, '_' and '-' (at most %d)", clipID(in.job), protocol.MaxTokenLen)}
 	}
 	if in.parsed != nil {
 		return in.parsed, nil // parsed and checked already (on arrival, priority.go)
@@ -85,18 +93,35 @@ func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
 	}
 	s.metrics.SubmissionRejected(reason)
 	s.log.Warn().Str(logging.FieldJob, in.job).Str("reason", reason).Err(err).Msg("submission rejected")
+	// An event's id is a subject token: a job id that is not one is filed
+	// under the placeholder "invalid" (for the event only: the id never
+	// becomes a job's), the id as submitted in data.submitted_id and the
+	// reply.
 	id := in.job
 	if !protocol.ValidToken(id) {
 		id = "invalid"
 	}
 	ev := protocol.Event{Kind: protocol.EventSubmissionRejected, ID: id, JobID: id, Reason: err.Error(),
 		Data: map[string]string{"reason": reason, "subject": in.msg.Subject()}}
+	if id != in.job {
+		ev.Data["submitted_id"] = clipID(in.job)
+	}
 	if md, merr := in.msg.Metadata(); merr == nil {
 		ev.Data["stream_seq"] = strconv.FormatUint(md.Sequence.Stream, 10)
 	}
 	jt.events = append(jt.events, outEvent{Event: ev, dedup: ev.Data["stream_seq"]})
-	s.replyTo(jt, in, protocol.SubmitReply{JobID: id, Error: err.Error()})
+	s.replyTo(jt, in, protocol.SubmitReply{JobID: clipID(in.job), Error: err.Error()})
 	jt.settle[k].term = "rejected: " + reason
+}
+
+// clipID bounds an id that is not a token (a header may be kilobytes
+// long) where it is quoted back.
+func clipID(id string) string {
+	const keep = 2 * protocol.MaxTokenLen
+	if len(id) <= keep {
+		return id
+	}
+	return strings.ToValidUTF8(id[:keep], "") + "…"
 }
 
 // acceptSubmission answers a submission whose job exists now.
