@@ -268,11 +268,15 @@ func SchedulerConsumer() (jetstream.ConsumerConfig, error) {
 }
 
 // Ensure creates every stream and bucket, or updates it to its definition.
-// It is safe to call from every process at every start. It first checks
+// It is safe to call from every process at every start. Settings out of
+// their bounds (Options.Validate) change nothing. It then checks
 // the deployment record (CheckDeployment): a process whose task shards or
 // partitions differ from the deployment's gets a *MismatchError and changes
 // nothing.
 func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
 	streams, err := StreamConfigs(opts)
 	if err != nil {
 		return err

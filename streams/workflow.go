@@ -49,6 +49,9 @@ func workflowBuckets(opts Options) ([]bucketDef, error) {
 // EnsureWorkflow creates or updates the schedules stream and the
 // concurrency and rate-limit buckets. Safe to call from every process.
 func EnsureWorkflow(ctx context.Context, js jetstream.JetStream, opts Options) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
 	ss, err := WorkflowStreamConfigs(opts)
 	if err != nil {
 		return err

@@ -63,6 +63,8 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 	f.StringVar(&c.ServerDir, "server-dir", "", "where server/ is mounted when nats-server runs (default <dir>/server)")
 	f.StringVar(&c.StoreDir, "store-dir", "/data", "nats-server's JetStream directory")
 	f.StringVar(&c.Listen, "listen", "0.0.0.0:4222", "nats-server's client address")
+	f.StringVar(&c.SyncInterval, "sync-interval", "", "how often nats-server flushes JetStream writes to disk: always (every write; "+
+		"a power loss then loses nothing acknowledged), a duration, or default (2m); empty keeps the directory's setting")
 
 	var pool, id, cluster string
 	var rotate bool
@@ -138,6 +140,11 @@ check at start that the streams exist and match, and change nothing when
 they do.`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Refused before anything is written: a setting out of
+			// bounds in the deployment record stops every scheduler.
+			if err := o.Validate(); err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
 			c, err := a.connect()
 			if err != nil {
 				return err
@@ -160,9 +167,9 @@ they do.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&o.Replicas, "replicas", 1, "replicas of every stream and bucket")
-	f.IntVar(&o.TaskShards, "task-shards", streams.DefaultTaskShards, "task streams (about one per 50 agents)")
-	f.IntVar(&o.Partitions, "partitions", streams.DefaultPartitions, "scheduler partitions")
+	f.IntVar(&o.Replicas, "replicas", 1, "replicas of every stream and bucket (1..5)")
+	f.IntVar(&o.TaskShards, "task-shards", streams.DefaultTaskShards, "task streams (about one per 50 agents; 1..128)")
+	f.IntVar(&o.Partitions, "partitions", streams.DefaultPartitions, "scheduler partitions (1..1024)")
 	f.DurationVar(&o.PresenceTTL, "presence-ttl", 0, "presence bucket TTL (default streams/kv_presence.json)")
 	f.DurationVar(&o.LeaseTTL, "lease-ttl", 0, "leases bucket TTL (default streams/kv_leases.json)")
 	return cmd

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+
+	"github.com/wardenhq/warden/streams"
 )
 
 // Names of the operator and accounts in the JWTs.
@@ -52,6 +54,38 @@ type Config struct {
 	StoreDir string
 	// Listen is the client address. Defaults to 0.0.0.0:4222.
 	Listen string
+	// SyncInterval is how often the servers flush JetStream writes to
+	// disk (server.conf's jetstream sync_interval): "always" (every
+	// write, at a throughput cost: a power loss then loses nothing
+	// acknowledged), a Go duration ("10s"), or "default" (nats-server's
+	// own, two minutes). Empty keeps what the directory was made with
+	// (the manifest), so a later run that only adds agents keeps it.
+	SyncInterval string
+}
+
+// SyncAlways and SyncDefault are the words Config.SyncInterval takes
+// besides a duration.
+const (
+	SyncAlways  = "always"
+	SyncDefault = "default"
+)
+
+// syncInterval returns the sync interval to write, given the manifest's:
+// "" for nats-server's default.
+func (c Config) syncInterval(kept string) (string, error) {
+	switch c.SyncInterval {
+	case "":
+		return kept, nil
+	case SyncDefault:
+		return "", nil
+	case SyncAlways:
+		return SyncAlways, nil
+	}
+	d, err := time.ParseDuration(c.SyncInterval)
+	if err != nil || d <= 0 {
+		return "", fmt.Errorf("sync interval %q: want %q, %q or a positive duration such as 10s", c.SyncInterval, SyncAlways, SyncDefault)
+	}
+	return d.String(), nil
 }
 
 func (c Config) withDefaults() Config {
@@ -89,6 +123,7 @@ type Manifest struct {
 	SystemAccount string            `json:"system_account"`
 	TaskShards    int               `json:"task_shards"`
 	TLS           bool              `json:"tls"`
+	SyncInterval  string            `json:"sync_interval,omitempty"` // server.conf's jetstream sync_interval; empty: nats-server's default
 	Routes        []string          `json:"routes,omitempty"`
 	Users         map[string]string `json:"users"`   // identity → user public key
 	Revoked       map[string]int64  `json:"revoked"` // user public key → unix time
@@ -119,6 +154,11 @@ func AgentCredsPath(dir, pool, id string) string {
 // directory are kept, so running it again only adds what is missing and
 // rewrites the configuration; use Rotate to replace a credential.
 func Generate(c Config) (*Manifest, error) {
+	// The bound every process checks (streams.Options): past it, the
+	// role credentials no longer fit in the server's max_control_line.
+	if err := (streams.Options{TaskShards: c.TaskShards}).Validate(); err != nil {
+		return nil, err
+	}
 	c = c.withDefaults()
 	for _, sub := range []string{"keys", "server", "creds", "creds/agents"} {
 		if err := os.MkdirAll(filepath.Join(c.Dir, sub), 0o700); err != nil {
@@ -151,7 +191,10 @@ func Generate(c Config) (*Manifest, error) {
 		taken[AgentIdentity(pool, id)] = ""
 	}
 
-	m.TaskShards, m.TLS, m.Routes = c.TaskShards, c.TLS, c.Routes
+	if c.SyncInterval, err = c.syncInterval(m.SyncInterval); err != nil {
+		return nil, err
+	}
+	m.TaskShards, m.TLS, m.Routes, m.SyncInterval = c.TaskShards, c.TLS, c.Routes, c.SyncInterval
 
 	op, err := loadOrCreateKey(c.Dir, "operator", nkeys.CreateOperator)
 	if err != nil {

@@ -22,11 +22,14 @@ type Options struct {
 	// Creds is a credentials file. Defaults to NATS_CREDS.
 	Creds string `yaml:"creds"`
 	// CA is the PEM file of the CA that signed the servers' certificates
-	// (a TLS deployment). Defaults to NATS_CA.
+	// (a TLS deployment). NATS_CA, when set, wins over it (no flag sets
+	// it, so the environment comes before the file, as for every
+	// setting). Defaults to none: the system's roots.
 	CA string `yaml:"ca"`
-	// InboxPrefix is the connection's inbox prefix. Defaults to
-	// NATS_INBOX_PREFIX, then the prefix the credential may subscribe to
-	// (its "_INBOX.<identity>.>" permission), then "_INBOX.<name>".
+	// InboxPrefix is the connection's inbox prefix. NATS_INBOX_PREFIX,
+	// when set, wins over it (as NATS_CA over CA). Defaults to the prefix
+	// the credential may subscribe to (its "_INBOX.<identity>.>"
+	// permission), then "_INBOX.<name>".
 	InboxPrefix string `yaml:"inbox_prefix"`
 	// Name is the connection name shown by the server.
 	Name string `yaml:"-"`
@@ -35,7 +38,11 @@ type Options struct {
 // EnvVars are the environment variables WithEnv reads.
 var EnvVars = []string{"NATS_URL", "NATS_CREDS", "NATS_CA", "NATS_INBOX_PREFIX"}
 
-// WithEnv fills empty fields from EnvVars, then defaults.
+// WithEnv applies EnvVars. URL and Creds are filled from NATS_URL and
+// NATS_CREDS only when empty: a process's --server and --creds flags, which
+// those variables also set, already resolved them (flag > environment >
+// file). CA and InboxPrefix have no flag: NATS_CA and NATS_INBOX_PREFIX,
+// when set, replace them, so the environment beats the file for them too.
 func (o Options) WithEnv() Options {
 	if o.URL == "" {
 		o.URL = os.Getenv("NATS_URL")
@@ -46,11 +53,11 @@ func (o Options) WithEnv() Options {
 	if o.Creds == "" {
 		o.Creds = os.Getenv("NATS_CREDS")
 	}
-	if o.CA == "" {
-		o.CA = os.Getenv("NATS_CA")
+	if v := os.Getenv("NATS_CA"); v != "" {
+		o.CA = v
 	}
-	if o.InboxPrefix == "" {
-		o.InboxPrefix = os.Getenv("NATS_INBOX_PREFIX")
+	if v := os.Getenv("NATS_INBOX_PREFIX"); v != "" {
+		o.InboxPrefix = v
 	}
 	return o
 }

@@ -1,11 +1,14 @@
 package natsconn_test
 
 import (
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	"gopkg.in/yaml.v3"
 
 	"github.com/wardenhq/warden/internal/natsconn"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -32,5 +35,64 @@ func TestRedactHidesPasswordsAndTokens(t *testing.T) {
 	got := natsconn.Redact("nats://u:hunter2@a:4222, nats://tok3n@b:4222,nats://c:4222")
 	if strings.Contains(got, "hunter2") || strings.Contains(got, "tok3n") || !strings.Contains(got, "c:4222") {
 		t.Fatalf("Redact: %s", got)
+	}
+}
+
+// NATS_CA and NATS_INBOX_PREFIX have no flag: the configs promise flag >
+// environment > file, so when set they win over the file's nats.ca and
+// nats.inbox_prefix. They only filled empty fields, so a file's value beat
+// the environment.
+func TestEnvironmentBeatsTheFileForCAAndInboxPrefix(t *testing.T) {
+	srv := natstest.New(t)
+	t.Setenv("NATS_INBOX_PREFIX", "_INBOX.from_env")
+	t.Setenv("NATS_CA", "/etc/warden/env-ca.pem")
+	file := natsconn.Options{URL: srv.URL, CA: "/etc/warden/file-ca.pem", InboxPrefix: "_INBOX.from_file"}
+	if got := file.WithEnv(); got.CA != "/etc/warden/env-ca.pem" || got.InboxPrefix != "_INBOX.from_env" {
+		t.Fatalf("WithEnv: ca %q, inbox_prefix %q; want the environment's", got.CA, got.InboxPrefix)
+	}
+	file.CA = "" // no TLS on the test server
+	t.Setenv("NATS_CA", "")
+	nc, _, err := natsconn.Connect(file, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if nc.Opts.InboxPrefix != "_INBOX.from_env" {
+		t.Fatalf("connected with inbox prefix %q, want NATS_INBOX_PREFIX's", nc.Opts.InboxPrefix)
+	}
+	// Unset, the file's value stands.
+	t.Setenv("NATS_INBOX_PREFIX", "")
+	if got := file.WithEnv(); got.InboxPrefix != "_INBOX.from_file" {
+		t.Fatalf("without NATS_INBOX_PREFIX: %q, want the file's", got.InboxPrefix)
+	}
+}
+
+// Every configs/*.yaml writes out every default, the nats block included:
+// ca and inbox_prefix were printed by --print-config but in no file.
+func TestShippedConfigsWriteOutEveryNATSSetting(t *testing.T) {
+	t.Parallel()
+	var want []string
+	typ := reflect.TypeOf(natsconn.Options{})
+	for i := range typ.NumField() {
+		if tag := typ.Field(i).Tag.Get("yaml"); tag != "-" {
+			want = append(want, tag)
+		}
+	}
+	for _, name := range []string{"scheduler", "supervisor", "agent", "api"} {
+		b, err := os.ReadFile("../../configs/" + name + ".yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			NATS map[string]any `yaml:"nats"`
+		}
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("configs/%s.yaml: %v", name, err)
+		}
+		for _, k := range want {
+			if v, ok := doc.NATS[k]; !ok || v != "" {
+				t.Errorf("configs/%s.yaml: nats.%s is %v (present %v), want it written out empty", name, k, v, ok)
+			}
+		}
 	}
 }

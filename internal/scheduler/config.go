@@ -18,13 +18,14 @@ import (
 // Config is the scheduler's configuration (configs/scheduler.yaml).
 type Config struct {
 	NATS natsconn.Options `yaml:"nats"`
-	// Replicas of every stream and bucket. Defaults to 1.
+	// Replicas of every stream and bucket, 1..5. Defaults to 1.
 	Replicas int `yaml:"replicas"`
-	// TaskShards is the number of task streams. Defaults to 4.
+	// TaskShards is the number of task streams, 1..128. Defaults to 4.
 	TaskShards int `yaml:"task_shards"`
 	// MaxSpecBytes is the largest submission accepted. Defaults to 262144.
 	MaxSpecBytes int `yaml:"max_spec_bytes"`
-	// MaxSteps is the largest number of steps in a job. Defaults to 1000.
+	// MaxSteps is the largest number of steps in a job; at least 1.
+	// Defaults to 1000.
 	MaxSteps int `yaml:"max_steps"`
 	// DefaultStepTimeout applies to steps without a timeout. Defaults to 5m.
 	DefaultStepTimeout protocol.Duration `yaml:"default_step_timeout"`
@@ -45,12 +46,14 @@ type Config struct {
 	DispatchGrace protocol.Duration `yaml:"dispatch_grace"`
 	// WaitRetry is how soon a message whose step found no agent is handled
 	// again. It is the durable fallback only: a waiting step is retried as
-	// soon as an agent appears or frees a slot. Defaults to 30s.
+	// soon as an agent appears or frees a slot. At least 100ms. Defaults
+	// to 30s.
 	WaitRetry protocol.Duration `yaml:"wait_retry"`
 	// CapacityRetry is how soon a job whose step found every eligible
 	// agent at max_concurrent is tried again if no freed slot wakes it
 	// first. Its messages stay unacknowledged in the scheduler meanwhile
-	// (extended past AckWait), not handed back. Defaults to 200ms.
+	// (extended past AckWait), not handed back. At least 10ms. Defaults to
+	// 200ms.
 	CapacityRetry protocol.Duration `yaml:"capacity_retry"`
 	// Selection chooses agents (strategies per pool, health factors).
 	Selection selection.Config `yaml:"selection"`
@@ -60,7 +63,7 @@ type Config struct {
 	// Partitions splits submissions and results by job id (the streams'
 	// subject transform); one scheduler process at a time owns a partition
 	// (a pinned consumer), so it can trust the records it cached. Every
-	// process must use the same number. Defaults to 8.
+	// process must use the same number, 1..1024. Defaults to 8.
 	Partitions int `yaml:"partitions"`
 	// PinnedTTL is how long a partition stays with a scheduler that stopped
 	// pulling (frozen, partitioned) before another may take it. Defaults to
@@ -70,7 +73,8 @@ type Config struct {
 	// without acknowledging it before another may take it; held messages are
 	// extended while genuinely being worked on. Defaults to 5s.
 	AckWait protocol.Duration `yaml:"ack_wait"`
-	// WriteTimeout bounds waiting for one round of PubAcks. Defaults to 10s.
+	// WriteTimeout bounds waiting for one round of PubAcks; at least
+	// 100ms. Defaults to 10s.
 	WriteTimeout protocol.Duration `yaml:"write_timeout"`
 	// MaxJobShare is the largest share (0..1] of the slots of a pool's
 	// agents for an action that one job of several steps may hold at once:
@@ -79,9 +83,9 @@ type Config struct {
 	MaxJobShare float64 `yaml:"max_job_share"`
 	// Retention is how long a finished job's records are kept (a per-record
 	// TTL, written on every record of the job when it ends). At least 1s
-	// (the server's smallest TTL); a negative value keeps them forever.
-	// Defaults to 168h.
-	Retention protocol.Duration `yaml:"retention"`
+	// (the server's smallest TTL); a negative value (-1s) keeps them
+	// forever. Defaults to 168h.
+	Retention protocol.SignedDuration `yaml:"retention"`
 	// MetricsAddr serves /metrics; empty disables. Defaults to ":9101".
 	MetricsAddr string `yaml:"metrics_addr"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
@@ -160,7 +164,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxJobShare = 0.5
 	}
 	if c.Retention == 0 {
-		c.Retention = protocol.Duration(jobstore.DefaultRetention)
+		c.Retention = protocol.SignedDuration(jobstore.DefaultRetention)
 	}
 	if c.PriorityAging == 0 {
 		c.PriorityAging = protocol.Duration(30 * time.Second)
@@ -177,19 +181,28 @@ func (c Config) WithDefaults() Config {
 // DefaultGCPercent is gc_percent's default.
 const DefaultGCPercent = 400
 
-// Validate reports the first field that breaks a rule.
+// Validate reports the first field that breaks a rule. Call it on a
+// configuration with its defaults filled in (WithDefaults): a zero field is
+// the default, a negative one an error.
 func (c Config) Validate() error {
+	// replicas, task_shards and partitions: the bounds every process
+	// that applies the streams checks (supervisor, warden setup).
+	if err := c.streamOptions().Validate(); err != nil {
+		return err
+	}
 	switch {
-	case c.Replicas < 1 || c.Replicas > 5:
-		return fmt.Errorf("replicas must be between 1 and 5, got %d", c.Replicas)
-	case c.TaskShards < 1:
-		return fmt.Errorf("task_shards must be at least 1, got %d", c.TaskShards)
 	case c.MaxSpecBytes < 1024 || c.MaxSpecBytes > 1<<20:
 		return fmt.Errorf("max_spec_bytes must be between 1024 and 1048576 (the NATS payload limit), got %d", c.MaxSpecBytes)
+	case c.MaxSteps < 1:
+		return fmt.Errorf("max_steps must be at least 1, got %d", c.MaxSteps)
 	case c.Workers < 1:
 		return fmt.Errorf("workers must be at least 1, got %d", c.Workers)
-	case c.Partitions < 1 || c.Partitions > 1024:
-		return fmt.Errorf("partitions must be between 1 and 1024, got %d", c.Partitions)
+	case c.WaitRetry.Std() < 100*time.Millisecond:
+		return fmt.Errorf("wait_retry must be at least 100ms, got %s", c.WaitRetry)
+	case c.CapacityRetry.Std() < 10*time.Millisecond:
+		return fmt.Errorf("capacity_retry must be at least 10ms, got %s", c.CapacityRetry)
+	case c.WriteTimeout.Std() < 100*time.Millisecond:
+		return fmt.Errorf("write_timeout must be at least 100ms, got %s", c.WriteTimeout)
 	case c.Retention > 0 && c.Retention.Std() < time.Second:
 		// The server refuses a smaller Nats-TTL: no job could finish.
 		return fmt.Errorf("retention must be at least 1s (or negative: kept forever), got %s", c.Retention.Std())

@@ -35,7 +35,7 @@ func TestRetentionBounds(t *testing.T) {
 		ok        bool
 	}{{500 * time.Millisecond, false}, {time.Second, true}, {-time.Second, true}, {0, true}} {
 		cfg := scheduler.DefaultConfig()
-		cfg.Retention = protocol.Duration(c.retention)
+		cfg.Retention = protocol.SignedDuration(c.retention)
 		if err := cfg.WithDefaults().Validate(); (err == nil) != c.ok {
 			t.Errorf("retention %s: Validate() = %v", c.retention, err)
 		}

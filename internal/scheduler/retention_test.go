@@ -22,7 +22,7 @@ import (
 func TestRetentionRunsFromTheJobsEnd(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := scheduler.Config{Retention: protocol.Duration(5 * time.Second)}
+	cfg := scheduler.Config{Retention: protocol.SignedDuration(5 * time.Second)}
 	ctx, cancel := context.WithCancel(context.Background())
 	nc1, _ := b.srv.Connect(t)
 	first := runScheduler(ctx, t, nc1, cfg)

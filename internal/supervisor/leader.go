@@ -59,10 +59,6 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 	if err != nil {
 		return nil, fmt.Errorf("presence bucket status: %w", err)
 	}
-	hc, err := s.cfg.loadHealthConfig()
-	if err != nil {
-		return nil, err
-	}
 	c := s.cfg
 	t := &term{epoch: epoch, lease: lease, js: s.js, store: store, events: events.NewPublisher(s.js), now: s.now}
 	adv := newAdvancer(s.nc, t, c.AdvanceTimeout.Std(), log.With().Str("duty", "advance").Logger())
@@ -83,7 +79,7 @@ func (s *Supervisor) newLeader(ctx context.Context, lease leaseHolder, epoch uin
 	l.healer = &healer{term: t, ops: ops.New(s.nc, store), failover: fo, selfHealing: c.SelfHealing,
 		drainTimeout: c.DrainTimeout.Std(), cycle: c.CycleInterval.Std(), log: log.With().Str("duty", "healing").Logger(),
 		care: map[string]*agentCare{}}
-	if l.healer.assessor, err = newAssessor(ctx, t, hc, view, l.sight, l.healer.log); err != nil {
+	if l.healer.assessor, err = newAssessor(ctx, t, s.health, view, l.sight, l.healer.log); err != nil {
 		return nil, err
 	}
 	if every := c.AnchorInterval.Std(); every > 0 {

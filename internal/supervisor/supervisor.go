@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/health"
 	"github.com/wardenhq/warden/internal/lease"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -27,6 +28,10 @@ type Supervisor struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	now     func() time.Time
+	// health is health_config as New read it: every term uses it, so a
+	// file that went bad after start cannot stop a term (and, the lease
+	// still renewed, keep every standby from taking over).
+	health health.Config
 	// leading is closed the first time this supervisor leads with every
 	// duty running (its recovery index built).
 	leading     chan struct{}
@@ -47,14 +52,15 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor
 	if err != nil {
 		return nil, err
 	}
-	if _, err := cfg.loadHealthConfig(); err != nil {
+	hc, err := cfg.loadHealthConfig()
+	if err != nil {
 		return nil, fmt.Errorf("supervisor config: %w", err)
 	}
 	if m == nil {
 		m = NewMetrics(nil)
 	}
 	return &Supervisor{cfg: cfg, nc: nc, js: js, log: log.With().Str("supervisor_id", cfg.ID).Logger(), metrics: m, now: time.Now,
-		leading: make(chan struct{})}, nil
+		health: hc, leading: make(chan struct{})}, nil
 }
 
 // Run ensures the streams, then campaigns for leadership until ctx ends.

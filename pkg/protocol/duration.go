@@ -56,24 +56,29 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 
 // UnmarshalYAML reads a duration string.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: duration must be a string like \"30s\"", n.Line)
+	s, err := yamlDuration(n)
+	if err != nil {
+		return err
 	}
 	return d.parse(s)
+}
+
+// yamlDuration is the string of a YAML duration.
+func yamlDuration(n *yaml.Node) (string, error) {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return "", fmt.Errorf("line %d: duration must be a string like \"30s\"", n.Line)
+	}
+	return s, nil
 }
 
 // MarshalYAML writes the duration as a string.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
 func (d *Duration) parse(s string) error {
-	if s == "" {
-		*d = 0
-		return nil
-	}
-	v, err := time.ParseDuration(s)
+	v, err := parseDuration(s)
 	if err != nil {
-		return fmt.Errorf("invalid duration %q: %w", s, err)
+		return err
 	}
 	if v < 0 {
 		return fmt.Errorf("invalid duration %q: negative", s)
@@ -81,3 +86,67 @@ func (d *Duration) parse(s string) error {
 	*d = Duration(v)
 	return nil
 }
+
+// parseDuration reads a Go duration string; "" is 0.
+func parseDuration(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q: %w", s, err)
+	}
+	return v, nil
+}
+
+// SignedDuration is a Duration that may be negative, for the settings
+// where a negative value means something: the scheduler's retention (-1s
+// keeps finished jobs forever) and the supervisor's anchor_interval (-1s
+// turns anchors off). It is written as Duration is; specs and payloads use
+// Duration, which refuses negative values.
+type SignedDuration time.Duration
+
+// Std returns the value as a time.Duration.
+func (d SignedDuration) Std() time.Duration { return time.Duration(d) }
+
+func (d SignedDuration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes the duration as a string ("-1s").
+func (d SignedDuration) MarshalJSON() ([]byte, error) { return Duration(d).MarshalJSON() }
+
+// UnmarshalJSON reads a duration string or a number of nanoseconds, either
+// of which may be negative.
+func (d *SignedDuration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if err2 := json.Unmarshal(b, &n); err2 != nil {
+			return fmt.Errorf("duration must be a string like \"30s\": %w", err)
+		}
+		*d = SignedDuration(n)
+		return nil
+	}
+	v, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = SignedDuration(v)
+	return nil
+}
+
+// UnmarshalYAML reads a duration string, which may be negative.
+func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
+	s, err := yamlDuration(n)
+	if err != nil {
+		return err
+	}
+	v, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = SignedDuration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d SignedDuration) MarshalYAML() (any, error) { return d.String(), nil }

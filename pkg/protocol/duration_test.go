@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -82,5 +84,42 @@ func TestDurationJSONRejectsNegativeNumber(t *testing.T) {
 	var d protocol.Duration
 	if err := json.Unmarshal([]byte(`0`), &d); err != nil || d != 0 {
 		t.Errorf("0 decoded as %s, %v", d, err)
+	}
+}
+
+// SignedDuration is for the settings where a negative value means
+// something (retention: -1s, anchor_interval: -1s): it decodes and encodes
+// negative values in JSON and YAML, which Duration refuses.
+func TestSignedDurationTakesNegativeValues(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		`"-1s"`: -time.Second, `-1000`: -time.Microsecond, `"90s"`: 90 * time.Second, `""`: 0,
+	} {
+		var d protocol.SignedDuration
+		if err := json.Unmarshal([]byte(in), &d); err != nil || d.Std() != want {
+			t.Errorf("JSON %s decoded as %s, %v; want %s", in, d, err, want)
+		}
+	}
+	var v struct {
+		Retention protocol.SignedDuration `yaml:"retention"`
+	}
+	if err := yaml.Unmarshal([]byte("retention: -1s\n"), &v); err != nil || v.Retention.Std() != -time.Second {
+		t.Fatalf("YAML -1s decoded as %s, %v", v.Retention, err)
+	}
+	out, err := yaml.Marshal(v)
+	if err != nil || string(out) != "retention: -1s\n" {
+		t.Fatalf("YAML encoding: %q, %v", out, err)
+	}
+	if b, err := json.Marshal(protocol.SignedDuration(-time.Second)); err != nil || string(b) != `"-1s"` {
+		t.Fatalf("JSON encoding: %s, %v", b, err)
+	}
+	for _, in := range []string{"retention: soon\n", "retention: [1]\n"} {
+		if err := yaml.Unmarshal([]byte(in), &v); err == nil {
+			t.Errorf("YAML %q decoded as %s, want an error", in, v.Retention)
+		}
+	}
+	var d protocol.Duration
+	if err := yaml.Unmarshal([]byte("-1s"), &d); err == nil || !strings.Contains(err.Error(), "negative") {
+		t.Fatalf("Duration took -1s from YAML: %s, %v", d, err)
 	}
 }

@@ -14,11 +14,15 @@ import (
 
 // Limits bound what a spec may contain.
 type Limits struct {
-	// MaxBytes is the largest encoded spec accepted. Defaults to 256 KiB.
+	// MaxBytes is the largest encoded spec accepted. Defaults to 256 KiB
+	// (0 or less). Configurations check their own values (the scheduler
+	// refuses a negative max_steps at start), so no setting means the
+	// default by accident.
 	// It bounds the spec as submitted, a YAML spec with its aliases
 	// expanded, and the spec encoded as JSON as the scheduler stores it.
 	MaxBytes int
-	// MaxSteps is the largest number of steps. Defaults to 1000.
+	// MaxSteps is the largest number of steps. Defaults to 1000 (0 or
+	// less).
 	MaxSteps int
 }
 
