@@ -78,7 +78,7 @@ func TestResultWithABadOptionalFieldIsApplied(t *testing.T) {
 			t.Errorf("%s: last_error %q, want it to hold %q", c.job, st.LastError, c.error)
 		}
 		natstest.Eventually(t, 10*time.Second, c.job+" result_fields_ignored", func() bool {
-			for _, e := range b.events(t, protocol.EventKind("result_fields_ignored"), c.job) {
+			for _, e := range b.events(t, protocol.EventResultFieldsIgnored, c.job) {
 				if e.StepID == "s" && e.Agent == "mute" && e.Data["fields"] == c.fields && e.Data["epoch"] == strconv.FormatUint(st.Epoch, 10) {
 					return true
 				}

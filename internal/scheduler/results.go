@@ -28,12 +28,6 @@ const (
 	reasonWrongToken      = string(protocol.RejectWrongToken)
 )
 
-// eventResultFieldsIgnored: a result was applied without optional fields
-// that did not decode (Data["fields"] names them, Reason says why; the
-// step, agent and data.epoch say whose). It belongs with the protocol's
-// kinds (pkg/protocol/events.go); it is documented in docs/protocol.md.
-const eventResultFieldsIgnored protocol.EventKind = "result_fields_ignored"
-
 // resultRoute reads the job a stored result subject names:
 // warden.result.<p>.<pool>.<agent>.<job>.<step>.
 func resultRoute(subject string) (job string, ok bool) {
@@ -144,7 +138,7 @@ func (w *worker) ignoredFields(jt *jobTurn, k int, r *protocol.Result, ignored [
 	}
 	w.log.Warn().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).Uint64(logging.FieldEpoch, r.Epoch).
 		Str(logging.FieldAgent, r.Agent).Strs("ignored", ignored).Msg("result applied without the fields that did not decode")
-	ev := protocol.Event{Kind: eventResultFieldsIgnored, ID: r.JobID, JobID: r.JobID, StepID: r.StepID, Agent: r.Agent,
+	ev := protocol.Event{Kind: protocol.EventResultFieldsIgnored, ID: r.JobID, JobID: r.JobID, StepID: r.StepID, Agent: r.Agent,
 		Reason: "applied without fields that did not decode: " + strings.Join(ignored, "; "),
 		Data:   map[string]string{"fields": strings.Join(names, ","), "epoch": strconv.FormatUint(r.Epoch, 10)}}
 	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(jt.inputs[k].msg)})

@@ -19,6 +19,10 @@ const (
 	// EventResultRejected: a result that could not be used (undecodable,
 	// unknown job or step) was dropped.
 	EventResultRejected EventKind = "result_rejected"
+	// EventResultFieldsIgnored: a result was applied without optional
+	// fields that did not decode (Data["fields"] names them, Reason says
+	// why; the step, agent and Data["epoch"] say whose).
+	EventResultFieldsIgnored EventKind = "result_fields_ignored"
 	// EventStepRecovered: the supervisor took a step back from its agent
 	// (lease expired, agent failed) for a scheduler to dispatch again.
 	EventStepRecovered EventKind = "step_recovered"
