@@ -32,9 +32,21 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 	var agents, routes, hosts string
 	initCmd := &cobra.Command{
 		Use: "init", Short: "Create (or complete) the directory: keys, server config, role and agent credentials", Args: exactArgs(0),
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			c.Dir = dir
 			c.Agents, c.Routes, c.Hosts = splitList(agents), splitList(routes), splitList(hosts)
+			// Run again (to add an agent, to change the sync interval), the
+			// directory keeps the TLS and routes it was made with unless
+			// the flags say otherwise: server.conf is rewritten from them,
+			// and a forgotten --tls turned TLS off.
+			if m, err := creds.LoadManifest(dir); err == nil {
+				if !cmd.Flags().Changed("tls") {
+					c.TLS = m.TLS
+				}
+				if !cmd.Flags().Changed("routes") {
+					c.Routes = m.Routes
+				}
+			}
 			m, err := creds.Generate(c)
 			if err != nil {
 				return credsError(err)
@@ -57,8 +69,8 @@ Keys stay in <dir>/keys: never mount that directory anywhere.`,
 	f := initCmd.Flags()
 	f.IntVar(&c.TaskShards, "task-shards", streams.DefaultTaskShards, "the deployment's task_shards, about one per 50 agents (agents' credentials name their shard)")
 	f.StringVar(&agents, "agents", "", "comma-separated <pool>.<id>[@<cluster>] agents to mint credentials for")
-	f.StringVar(&routes, "routes", "", "comma-separated route hosts of a cluster (nats-1:6222,...)")
-	f.BoolVar(&c.TLS, "tls", false, "TLS for clients and routes: make a CA and a server certificate")
+	f.StringVar(&routes, "routes", "", "comma-separated route hosts of a cluster (nats-1:6222,...); not given: the directory's")
+	f.BoolVar(&c.TLS, "tls", false, "TLS for clients and routes: make a CA and a server certificate; not given: the directory's")
 	f.StringVar(&hosts, "hosts", "", "names in the server certificate (default localhost, 127.0.0.1 and the route hosts)")
 	f.StringVar(&c.ServerDir, "server-dir", "", "where server/ is mounted when nats-server runs (default <dir>/server)")
 	f.StringVar(&c.StoreDir, "store-dir", "/data", "nats-server's JetStream directory")
