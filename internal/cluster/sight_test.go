@@ -59,9 +59,13 @@ func TestHoldUnseenKeepsThePreviousJudgement(t *testing.T) {
 	ap := def(protocol.ModeActivePassive, 1, 2, 0)
 	was, _ := Compute(Input{Def: ap, Members: members("a", "b"), Leader: "p.b", LeaseEpoch: 4, Now: t0})
 	_, evs = Compute(Input{Def: ap, Prev: was, Members: holdUnseen(was, members("a", "-b")), Leader: "p.a", LeaseEpoch: 8, Now: t0})
+	var failovers []protocol.Event
 	for _, e := range evs {
-		if e.Kind == protocol.EventClusterFailover && e.Reason != "lease lost" {
-			t.Errorf("failover from an unseen leader: %q", e.Reason)
+		if e.Kind == protocol.EventClusterFailover {
+			failovers = append(failovers, e)
 		}
+	}
+	if len(failovers) != 1 || failovers[0].Agent != "p.b" || failovers[0].Reason != "lease lost" {
+		t.Errorf("failover from the unseen leader p.b: %+v, want exactly one from p.b, \"lease lost\"", failovers)
 	}
 }

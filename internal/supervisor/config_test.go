@@ -1,6 +1,10 @@
 package supervisor_test
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -13,18 +17,71 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
+// configs/supervisor.yaml promises every setting with its default: loaded
+// into a zero Config (no defaults under it), it equals DefaultConfig, so a
+// key left out of the file or a value changed in it is seen.
 func TestShippedConfigIsTheDefaults(t *testing.T) {
 	t.Parallel()
-	want := supervisor.DefaultConfig()
-	cfg := want
-	cfg.ID = ""
-	if err := config.Load("../../configs/supervisor.yaml", &cfg); err != nil {
+	if diff := shippedSupervisorConfigDiff("../../configs/supervisor.yaml"); diff != "" {
+		t.Fatalf("configs/supervisor.yaml differs from the defaults: %s", diff)
+	}
+	// A copy missing a key, or changing one, is told apart.
+	orig, err := os.ReadFile("../../configs/supervisor.yaml")
+	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ID = want.ID // random by default
-	if cfg = cfg.WithDefaults(); !reflect.DeepEqual(cfg, want) {
-		t.Fatalf("configs/supervisor.yaml differs from the defaults:\n%+v\n%+v", cfg, want)
+	for _, c := range []struct{ from, to string }{
+		{"\nlease_ttl: 5s\n", "\n"},            // missing, non-zero default
+		{"\nself_healing: true\n", "\n"},       // missing: zero would turn it off
+		{"\nmetrics_addr: \"\"\n", "\n"},       // missing, zero default
+		{"\nreplicas: 1\n", "\nreplicas: 3\n"}, // changed
+	} {
+		if !bytes.Contains(orig, []byte(c.from)) {
+			t.Errorf("configs/supervisor.yaml has no %q", c.from)
+			continue
+		}
+		path := filepath.Join(t.TempDir(), "supervisor.yaml")
+		if err := os.WriteFile(path, bytes.Replace(orig, []byte(c.from), []byte(c.to), 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if diff := shippedSupervisorConfigDiff(path); diff == "" {
+			t.Errorf("a copy with %q replaced by %q passes as the defaults", c.from, c.to)
+		}
 	}
+}
+
+// shippedSupervisorConfigDiff says how the file at path falls short of
+// naming every setting with its default; "" when it does not.
+func shippedSupervisorConfigDiff(path string) string {
+	var cfg supervisor.Config
+	if err := config.Load(path, &cfg); err != nil {
+		return err.Error()
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var keys map[string]any
+	if err := yaml.Unmarshal(raw, &keys); err != nil {
+		return err.Error()
+	}
+	var diffs []string
+	typ := reflect.TypeOf(cfg)
+	for i := range typ.NumField() {
+		key, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
+		if _, ok := keys[key]; key != "" && key != "-" && !ok {
+			diffs = append(diffs, "no key "+key)
+		}
+	}
+	want := supervisor.DefaultConfig()
+	if cfg.ID != "" {
+		diffs = append(diffs, fmt.Sprintf("id %q, want \"\" (random)", cfg.ID))
+	}
+	cfg.ID = want.ID // random by default
+	if !reflect.DeepEqual(cfg, want) {
+		diffs = append(diffs, fmt.Sprintf("\n got %+v\nwant %+v", cfg, want))
+	}
+	return strings.Join(diffs, "; ")
 }
 
 // configs/supervisor.yaml and docs/protocol.md say a negative

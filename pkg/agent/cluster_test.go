@@ -3,8 +3,10 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,10 +151,12 @@ func TestDrainedLeaderReportsItsTask(t *testing.T) {
 		return c
 	}
 	started := make(chan struct{}, 2)
+	var finished atomic.Bool // set once the drained leader's handler returns
 	register := func(a *agent.Agent) {
 		a.Handle("slow", func(ctx context.Context, _ *agent.Task) (any, error) {
 			started <- struct{}{}
-			time.Sleep(1500 * time.Millisecond)
+			time.Sleep(3 * time.Second) // margin for the standby to lead meanwhile
+			finished.Store(true)
 			return "done", nil
 		})
 	}
@@ -192,12 +196,32 @@ func TestDrainedLeaderReportsItsTask(t *testing.T) {
 	}
 	<-started
 	stopped := make(chan error, 1)
-	go func() { stopped <- leader.stop(t) }()
+	go func() { stopped <- stopWithin(leader, 45*time.Second) }()
 	natstest.Eventually(t, 10*time.Second, "the standby leads while the old leader drains", standby.agent.IsClusterLeader)
+	// Only a leader that stepped down as it began draining lets the standby
+	// lead this soon; without that, the lease is given up when Run returns,
+	// after the handler has finished.
+	if finished.Load() {
+		t.Fatal("the standby led only after the drained leader's handler finished: the drain did not step down")
+	}
 	if r, _ := standby.result(t, "jd", "s"); r.Status != protocol.ResultSucceeded {
 		t.Fatalf("drained leader's result: %+v", r)
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stopWithin cancels b's Run and returns its error, or an error if it has
+// not returned within d. Unlike bundle.stop it never calls t.Fatal, so it
+// may run off the test goroutine.
+func stopWithin(b *bundle, d time.Duration) error {
+	b.cancel()
+	select {
+	case err := <-b.done:
+		b.done <- err // let the cleanup see it too
+		return err
+	case <-time.After(d):
+		return fmt.Errorf("agent did not stop within %s", d)
 	}
 }

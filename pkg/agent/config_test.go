@@ -1,9 +1,16 @@
 package agent_test
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/pkg/agent"
@@ -39,19 +46,123 @@ func TestConfigValidateNamesFields(t *testing.T) {
 	}
 }
 
-// The shipped configs/agent.yaml decodes strictly and equals the defaults.
+// The shipped configs/agent.yaml decodes strictly, names every setting,
+// and every value in it is the default: loaded alone (no defaults filled
+// in), it equals DefaultConfig field for field.
 func TestShippedConfigIsTheDefaults(t *testing.T) {
 	t.Parallel()
-	var c agent.Config
-	if err := config.Load("../../configs/agent.yaml", &c); err != nil {
+	if diff := shippedAgentConfigDiff("../../configs/agent.yaml"); diff != "" {
+		t.Fatalf("configs/agent.yaml: %s", diff)
+	}
+	// The comparison sees a change to any setting, not just a few.
+	orig, err := os.ReadFile("../../configs/agent.yaml")
+	if err != nil {
 		t.Fatal(err)
 	}
-	c.ID = agent.DefaultConfig().ID // the file leaves id to the host name
-	got, want := c.WithDefaults(), agent.DefaultConfig()
-	if !strings.EqualFold(got.LogLevel, want.LogLevel) || got.MaxConcurrent != want.MaxConcurrent ||
-		got.Lease != want.Lease || got.HeartbeatInterval != want.HeartbeatInterval || got.DrainTimeout != want.DrainTimeout ||
-		got.FetchWait != want.FetchWait || got.MaxDeliver != want.MaxDeliver || got.TaskShards != want.TaskShards ||
-		got.Pool != want.Pool || got.Shell.TailBytes != want.Shell.TailBytes || got.HTTP.TailBytes != want.HTTP.TailBytes {
-		t.Fatalf("configs/agent.yaml differs from the defaults:\n got %+v\nwant %+v", got, want)
+	for _, c := range []struct{ from, to string }{
+		{"\nactions: []\n", "\nactions: [shell]\n"},
+		{"  allowed_commands: []\n", "  allowed_commands: [make]\n"},
+		{"  allowed_env: []\n", "  allowed_env: [CI]\n"},
+		{"  allowed_args: {}\n", "  allowed_args: {git: [[fetch]]}\n"},
+		{"  allowed_hosts: []\n", "  allowed_hosts: [example.com]\n"},
+		{"\nmax_result_bytes: 262144\n", "\nmax_result_bytes: 1000\n"},
+		{"\nmetrics_addr: \"\"\n", "\nmetrics_addr: \":9102\"\n"},
+		{"\ncapabilities: []\n", "\ncapabilities: [gpu]\n"},
+		{"\nlabels: {}\n", "\nlabels: {zone: eu-1}\n"},
+		{"\ncluster: \"\"\n", "\ncluster: c\n"},
+		{"  server: \"\"\n", "  server: nats://elsewhere:4222\n"},
+		{"\nfetch_wait: 30s\n", "\n"},    // a key missing
+		{"\nmetrics_addr: \"\"\n", "\n"}, // a key missing whose default is zero
+	} {
+		if !bytes.Contains(orig, []byte(c.from)) {
+			t.Errorf("configs/agent.yaml has no %q", c.from)
+			continue
+		}
+		path := filepath.Join(t.TempDir(), "agent.yaml")
+		if err := os.WriteFile(path, bytes.Replace(orig, []byte(c.from), []byte(c.to), 1), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if diff := shippedAgentConfigDiff(path); diff == "" {
+			t.Errorf("a copy with %q replaced by %q passes as the defaults", c.from, c.to)
+		}
 	}
+}
+
+// shippedAgentConfigDiff says how the config file at path differs from the
+// defaults: a key it leaves out, or a value that is not the default. ""
+// when it has every key, each with its default.
+func shippedAgentConfigDiff(path string) string {
+	var got agent.Config
+	if err := config.Load(path, &got); err != nil {
+		return err.Error()
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var keys map[string]any
+	if err := yaml.Unmarshal(raw, &keys); err != nil {
+		return err.Error()
+	}
+	var diffs []string
+	missingKeys(reflect.TypeOf(got), keys, "", &diffs)
+	want := agent.DefaultConfig()
+	if got.ID != "" {
+		diffs = append(diffs, fmt.Sprintf("id %q, want \"\" (the host name)", got.ID))
+	}
+	got.ID = want.ID // the file leaves id to the host name
+	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
+	for i := range gv.NumField() {
+		g, w := emptyAsNil(gv.Field(i)), emptyAsNil(wv.Field(i))
+		if !reflect.DeepEqual(g, w) {
+			diffs = append(diffs, fmt.Sprintf("%s = %+v, want %+v", gv.Type().Field(i).Name, g, w))
+		}
+	}
+	return strings.Join(diffs, "; ")
+}
+
+// missingKeys appends, for each yaml key of struct type typ not in m, that
+// it is missing; nested structs are checked against their own mappings.
+func missingKeys(typ reflect.Type, m map[string]any, prefix string, diffs *[]string) {
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if key == "" || key == "-" {
+			continue
+		}
+		v, ok := m[key]
+		if !ok {
+			*diffs = append(*diffs, "no key "+prefix+key)
+			continue
+		}
+		if f.Type.Kind() == reflect.Struct {
+			sub, _ := v.(map[string]any)
+			missingKeys(f.Type, sub, prefix+key+".", diffs)
+		}
+	}
+}
+
+// emptyAsNil returns v's value with empty slices and maps, at any depth of
+// structs, made nil: "[]" in the file and an unset default mean the same.
+func emptyAsNil(v reflect.Value) any {
+	return normalizeEmpty(v).Interface()
+}
+
+func normalizeEmpty(v reflect.Value) reflect.Value {
+	switch v.Kind() {
+	case reflect.Slice, reflect.Map:
+		if v.Len() == 0 {
+			return reflect.Zero(v.Type())
+		}
+	case reflect.Struct:
+		out := reflect.New(v.Type()).Elem()
+		out.Set(v)
+		for i := range v.NumField() {
+			if out.Field(i).CanSet() {
+				out.Field(i).Set(normalizeEmpty(v.Field(i)))
+			}
+		}
+		return out
+	}
+	return v
 }

@@ -2,10 +2,14 @@ package agent_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/natstest"
@@ -152,30 +156,31 @@ func TestSecondMessageAsRunFinishesIsAckedUnrun(t *testing.T) {
 	b := &bundle{srv: s, nc: nc, js: js}
 	task := protocol.Task{JobID: "finishing", StepID: "s", Action: "hold"}
 	var settledMeanwhile atomic.Bool
+	var again atomic.Pointer[nats.Msg] // the second message, built once the agent is made
+	// The hook runs on the agent's goroutine: it must not call t.Fatal, so
+	// it hands its outcome (nil, or what went wrong) to the test goroutine.
+	hookDone := make(chan error, 1)
+	var hookOnce sync.Once
 	hooks := &testhook.Hooks{Reported: func(job, _ string) {
 		if job != task.JobID || runs.Load() != 1 {
 			return
 		}
-		// The first run's result is stored and its message not yet acked:
-		// the same dispatch arrives as a second message now.
-		m := b.taskMsg(t, task)
-		m.Header.Set(protocol.HeaderMsgID, "again")
-		if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
-			t.Error(err)
-			return
-		}
-		deadline := time.Now().Add(3 * time.Second)
-		for time.Now().Before(deadline) {
-			if b.taskMessages(t) == 1 { // the second acked, the first still held here
-				settledMeanwhile.Store(true)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		hookOnce.Do(func() { hookDone <- secondMessageWhileFinishing(b, again.Load(), &settledMeanwhile) })
 	}}
 	b.start(t, testConfig("a1"), holdHandler(&runs, make(chan struct{}, 1), release), testhook.Option(hooks).(agent.Option))
+	m := b.taskMsg(t, task)
+	m.Header.Set(protocol.HeaderMsgID, "again")
+	again.Store(m)
 	b.publish(t, task)
 	b.result(t, task.JobID, "s")
+	select {
+	case err := <-hookDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Reported hook did not run for the first run's result")
+	}
 	natstest.Eventually(t, 10*time.Second, "both messages acked", func() bool { return b.taskMessages(t) == 0 })
 	if !settledMeanwhile.Load() {
 		t.Fatal("the second message was not acked while the first run finished")
@@ -183,6 +188,40 @@ func TestSecondMessageAsRunFinishesIsAckedUnrun(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("the handler ran %d times, want once", n)
 	}
+}
+
+// secondMessageWhileFinishing publishes again (the first run's result is
+// stored and its message not yet acked: the same dispatch arrives as a
+// second message now) and waits up to 3s for the second to be acked while
+// the first is still held, setting settled if it is. It runs on the agent's
+// goroutine, so it returns errors rather than failing the test.
+func secondMessageWhileFinishing(b *bundle, again *nats.Msg, settled *atomic.Bool) error {
+	if again == nil {
+		return errors.New("the first run reported before the second message was built")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := b.js.PublishMsg(ctx, again); err != nil {
+		return fmt.Errorf("publish the second message: %w", err)
+	}
+	shard := protocol.Shard("p", b.agent.Config().ID, testShards)
+	s, err := b.js.Stream(ctx, protocol.TaskStream(shard))
+	if err != nil {
+		return fmt.Errorf("task stream: %w", err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("task stream info: %w", err)
+		}
+		if info.State.Msgs == 1 { // the second acked, the first still held here
+			settled.Store(true)
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
 }
 
 // A task consumer that an earlier release created on disk cannot be
