@@ -64,7 +64,16 @@ func TestActivePassiveKillLeader(t *testing.T) {
 	natstest.Eventually(t, 30*time.Second, "restarted leader is a standby", func() bool {
 		return roleOf(h.state(), leaderID) == protocol.RoleStandby
 	})
-	time.Sleep(time.Second) // let results of in-flight tasks arrive
+	// Leadership must not move back to the returned member. A move would
+	// take it at most a lease (3s) to claim plus a sync (2s) to show in the
+	// state, so the state is watched throughout a bounded negative window
+	// of both and a margin, not looked at once. Tasks keep running meanwhile.
+	const stayWindow = 3*time.Second + 2*time.Second + time.Second
+	for end := time.Now().Add(stayWindow); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if st := h.state(); st.Leader != "" && st.Leader != second.Leader {
+			t.Fatalf("leadership moved to %s when the old leader returned: %s", st.Leader, roles(st))
+		}
+	}
 	cancel()
 	n := h.checkFencing(false)
 	st := h.state()

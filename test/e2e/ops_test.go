@@ -113,11 +113,20 @@ func TestDrainedAgentTakesNoNewWork(t *testing.T) {
 			st.State == jobstore.StepDispatched && st.Actor == "busy"
 	})
 	// A drained agent that fetched the task anyway starts it at once, and
-	// the ledger line is written as the handler starts: a look at this
-	// moment, not a proof over time.
-	for _, l := range ledgerLines(t, ledger) {
-		if strings.Contains(l, "job-drained") {
-			t.Fatalf("the drained agent ran job-drained: %s", l)
+	// the ledger line is written as the handler starts (the step cannot
+	// finish elsewhere: busy is the only agent with x). A fetch and a start
+	// take milliseconds, so a bounded negative window of drainWindow,
+	// checked throughout, catches a drained agent that runs the task; a
+	// single look right after dispatch would almost never see it.
+	const drainWindow = 3 * time.Second
+	for end := time.Now().Add(drainWindow); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		for _, l := range ledgerLines(t, ledger) {
+			if strings.Contains(l, "job-drained") {
+				t.Fatalf("the drained agent ran job-drained: %s", l)
+			}
+		}
+		if st := e.step(t, "job-drained", "s"); st != nil && st.State != jobstore.StepPending && st.State != jobstore.StepDispatched {
+			t.Fatalf("job-drained's step went %s on %q while its only agent was drained", st.State, st.Actor)
 		}
 	}
 	t.Log(run("agent", "undrain", "busy"))

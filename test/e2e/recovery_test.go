@@ -18,7 +18,7 @@ import (
 	"github.com/wardenhq/warden/test/procs"
 )
 
-func (e *env) testAgent(t *testing.T, id, caps, ledger string) *procs.Proc {
+func (e *env) testAgent(t testing.TB, id, caps, ledger string) *procs.Proc {
 	t.Helper()
 	return procs.Start(t, id, bins["testagent"], "--server", e.srv.URL, "--id", id, "--capabilities", caps, "--ledger", ledger)
 }
@@ -120,15 +120,20 @@ func TestSupervisorLeaderKilledStandbyActs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := func() lease.Holder {
+	// The lease's holder and its revision: the revision that created it is
+	// the holder's fencing epoch (lease.Elector), renewals write later ones.
+	holder := func() (lease.Holder, uint64) {
 		var h lease.Holder
-		if entry, err := kv.Get(context.Background(), "supervisor"); err == nil {
-			_ = json.Unmarshal(entry.Value(), &h)
+		entry, err := kv.Get(context.Background(), "supervisor")
+		if err != nil {
+			return h, 0
 		}
-		return h
+		_ = json.Unmarshal(entry.Value(), &h)
+		return h, entry.Revision()
 	}
-	natstest.Eventually(t, 10*time.Second, "a leader", func() bool { return holder().ID != "" })
-	first := holder().ID
+	natstest.Eventually(t, 10*time.Second, "a leader", func() bool { h, _ := holder(); return h.ID != "" })
+	firstHolder, _ := holder()
+	first := firstHolder.ID
 	standby := "sup-b"
 	if first == "sup-b" {
 		standby = "sup-a"
@@ -143,14 +148,39 @@ func TestSupervisorLeaderKilledStandbyActs(t *testing.T) {
 	e.testAgent(t, "rescuer", "x", ledger)
 	natstest.Eventually(t, 10*time.Second, "rescuer present", func() bool { _, ok := e.presence(t, "rescuer"); return ok })
 
+	// The killed leader's last revision: each renewal writes a new one.
+	_, oldRev := holder()
 	sups[first].Kill()
 	victim.Kill()
 	killed := time.Now()
-	natstest.Eventually(t, ttl+5*time.Second, "standby takes the lease", func() bool { return holder().ID == standby })
-	took := time.Since(killed)
-	t.Logf("standby %s took over %s after the leader was killed (ttl %s)", standby, took.Round(time.Millisecond), ttl)
-	if took > ttl+time.Second {
-		t.Errorf("takeover took %s, more than ttl + 1s", took)
+	// kill -9 releases nothing: the standby can take the lease only once it
+	// expires. What is checked is the mechanism (the standby, not a restarted
+	// or a stale holder, leads under a newer epoch and says so), not how fast:
+	// the takeover time is measured by make bench (supervisor_takeover_s).
+	var took lease.Holder
+	var rev uint64
+	natstest.Eventually(t, ttl+30*time.Second, "standby takes the lease", func() bool {
+		took, rev = holder()
+		return took.ID == standby
+	})
+	t.Logf("standby %s took over %s after the leader was killed (ttl %s), lease revision %d -> %d",
+		standby, time.Since(killed).Round(time.Millisecond), ttl, oldRev, rev)
+	if rev <= oldRev || took.PID != sups[standby].PID() {
+		t.Fatalf("lease after takeover %+v at revision %d, old %d, standby pid %d", took, rev, oldRev, sups[standby].PID())
+	}
+	// The standby was elected by creating the lease anew, under an epoch
+	// newer than anything the killed leader held.
+	sups[standby].WaitOutput(t, `"message":"elected leader"`, 10*time.Second)
+	var elected struct {
+		Epoch uint64 `json:"epoch"`
+	}
+	for _, l := range strings.Split(sups[standby].Output(), "\n") {
+		if strings.Contains(l, `"message":"elected leader"`) {
+			_ = json.Unmarshal([]byte(l), &elected)
+		}
+	}
+	if elected.Epoch <= oldRev || elected.Epoch > rev {
+		t.Fatalf("standby elected under epoch %d, want in (%d, %d]", elected.Epoch, oldRev, rev)
 	}
 	// The new leader acts: it fails the dead agent over.
 	natstest.Eventually(t, 15*time.Second, "new leader moves the victim's step", func() bool {
@@ -172,20 +202,9 @@ func TestPoisonTaskIsDeadLetteredAndRetried(t *testing.T) {
 		agents[id] = e.testAgent(t, id, "x", ledger)
 	}
 	// Like systemd, restart whatever the poison kills, until the test ends.
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	restarted := make(chan *procs.Proc, 100)
-	go func() {
-		for ctx.Err() == nil {
-			for _, id := range ids {
-				if !agents[id].Running() {
-					agents[id] = e.testAgent(t, id, "x", ledger)
-					restarted <- agents[id]
-				}
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	restarts := procs.RestartExited(t, agents, func(tb testing.TB, id string) *procs.Proc {
+		return e.testAgent(tb, id, "x", ledger)
+	})
 	e.submit(t, "job-poison", "name: p\nsteps: [{id: s, action: crash, requires: [x]}, {id: then, action: ledger, depends_on: [s]}]")
 	natstest.Eventually(t, 90*time.Second, "poison step dead-lettered", func() bool {
 		st := e.step(t, "job-poison", "s")
@@ -193,7 +212,7 @@ func TestPoisonTaskIsDeadLetteredAndRetried(t *testing.T) {
 	})
 	crashes := len(ledgerLines(t, ledger))
 	st := e.step(t, "job-poison", "s")
-	t.Logf("dead-lettered after %d executions: %s", crashes, st.LastError)
+	t.Logf("dead-lettered after %d executions, %d agent restarts: %s", crashes, restarts(), st.LastError)
 	// An agent restarted fast enough keeps its queue, so the task comes back
 	// to it until max_deliveries; one restarted too late loses it to the
 	// other agent, until the step counts as poison. Either way it is parked.

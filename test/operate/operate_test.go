@@ -111,24 +111,13 @@ func start(t *testing.T) *env {
 	procs.Start(t, "warden api", bins["warden"], "api", "--server", srv.URL, "--listen", e.metrics["api"], "--anonymous-scope", "admin")
 
 	agents := map[string]*procs.Proc{}
-	testAgent := func(id string) *procs.Proc {
-		return procs.Start(t, id, bins["testagent"], "--server", srv.URL, "--id", id, "--pool", "default", "--capabilities", "x", "--ledger", e.ledger)
+	testAgent := func(tb testing.TB, id string) *procs.Proc {
+		return procs.Start(tb, id, bins["testagent"], "--server", srv.URL, "--id", id, "--pool", "default", "--capabilities", "x", "--ledger", e.ledger)
 	}
 	for _, id := range []string{"p1", "p2"} {
-		agents[id] = testAgent(id)
+		agents[id] = testAgent(t, id)
 	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	t.Cleanup(rcancel)
-	go func() { // like systemd: restart what the poison kills
-		for rctx.Err() == nil {
-			for id, p := range agents {
-				if !p.Running() {
-					agents[id] = testAgent(id)
-				}
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	procs.RestartExited(t, agents, testAgent) // like systemd: restart what the poison kills
 	natstest.Eventually(t, 30*time.Second, "the API serves and three agents are present", func() bool {
 		var as []map[string]any
 		return e.get(t, "/api/v1/agents", &as) == 200 && len(as) >= 3
