@@ -99,7 +99,7 @@ func TestEnsureUpdatesTheTTLBucketsKeepingTheirTTL(t *testing.T) {
 	if err := streams.Ensure(ctx, js, streams.Options{PresenceTTL: 7 * time.Second, LeaseTTL: 9 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []string{protocol.BucketPresence, protocol.BucketLeases} {
+	for _, b := range []string{protocol.BucketPresence, protocol.BucketLeases, protocol.BucketClusterLeases} {
 		st, err := js.Stream(ctx, "KV_"+b)
 		if err != nil {
 			t.Fatal(err)
@@ -113,7 +113,8 @@ func TestEnsureUpdatesTheTTLBucketsKeepingTheirTTL(t *testing.T) {
 	if err := streams.Ensure(ctx, js, streams.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	for b, ttl := range map[string]time.Duration{protocol.BucketPresence: 7 * time.Second, protocol.BucketLeases: 9 * time.Second} {
+	for b, ttl := range map[string]time.Duration{protocol.BucketPresence: 7 * time.Second, protocol.BucketLeases: 9 * time.Second,
+		protocol.BucketClusterLeases: 9 * time.Second} {
 		st, err := js.Stream(ctx, "KV_"+b)
 		if err != nil {
 			t.Fatal(err)

@@ -44,8 +44,8 @@ func TestBucketDefinitionsStateRollups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bs)+len(ws) != 9 {
-		t.Fatalf("%d bucket definitions, want 9", len(bs)+len(ws))
+	if len(bs)+len(ws) != 10 {
+		t.Fatalf("%d bucket definitions, want 10", len(bs)+len(ws))
 	}
 	yes, no := true, false
 	for _, c := range []struct {

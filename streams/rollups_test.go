@@ -30,7 +30,7 @@ func rollupRefused(err error) bool {
 // limit markers, which the server stores as roll-ups and for which it keeps
 // them on whatever the definition says (docs/security.md, "Roll-ups").
 var rollupBuckets = []string{
-	protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketHealth,
+	protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketClusterLeases, protocol.BucketHealth,
 	protocol.BucketClusters, protocol.BucketClusterRuntime, streams.BucketConcurrency,
 }
 
@@ -46,7 +46,7 @@ func TestBucketsWithoutMarkersRefuseRollups(t *testing.T) {
 		t.Fatal(err)
 	}
 	var allowing []string
-	for _, bucket := range []string{protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketHealth,
+	for _, bucket := range []string{protocol.BucketJobs, protocol.BucketPresence, protocol.BucketLeases, protocol.BucketClusterLeases, protocol.BucketHealth,
 		protocol.BucketClusters, protocol.BucketClusterRuntime, protocol.BucketDeployment, streams.BucketConcurrency, streams.BucketRateLimits} {
 		s, err := js.Stream(ctx, "KV_"+bucket)
 		if err != nil {

@@ -164,9 +164,9 @@ func Anchored(opts Options) ([]string, error) {
 }
 
 // KeyValueConfigs returns the job store, presence, leases, health,
-// cluster definitions, cluster runtime and deployment buckets, in nats.go's
-// form (which cannot say whether a bucket refuses roll-ups: Ensure applies
-// that, see rollups.go).
+// cluster definitions, cluster runtime, cluster leases and deployment
+// buckets, in nats.go's form (which cannot say whether a bucket refuses
+// roll-ups: Ensure applies that, see rollups.go).
 func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 	bs, err := buckets(opts)
 	return kvConfigs(bs), err
@@ -176,7 +176,7 @@ func KeyValueConfigs(opts Options) ([]jetstream.KeyValueConfig, error) {
 func buckets(opts Options) ([]bucketDef, error) {
 	opts = opts.withDefaults()
 	var out []bucketDef
-	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json", "kv_cluster_runtime.json", "kv_deployment.json"} {
+	for _, f := range []string{"kv_jobs.json", "kv_presence.json", "kv_leases.json", "kv_health.json", "kv_clusters.json", "kv_cluster_runtime.json", "kv_cluster_leases.json", "kv_deployment.json"} {
 		b, err := decodeBucket(f)
 		if err != nil {
 			return nil, err
@@ -187,7 +187,7 @@ func buckets(opts Options) ([]bucketDef, error) {
 			if opts.PresenceTTL > 0 {
 				b.TTL = opts.PresenceTTL
 			}
-		case protocol.BucketLeases:
+		case protocol.BucketLeases, protocol.BucketClusterLeases:
 			if opts.LeaseTTL > 0 {
 				b.TTL = opts.LeaseTTL
 			}
@@ -309,7 +309,8 @@ func Ensure(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		// it keeps the bucket's TTL, and applies the rest of the definition
 		// (replicas, after `warden setup --replicas 3` on a deployment that
 		// began with one, were never applied to these buckets before).
-		if (c.Bucket == protocol.BucketLeases && opts.LeaseTTL == 0) || (c.Bucket == protocol.BucketPresence && opts.PresenceTTL == 0) {
+		leases := c.Bucket == protocol.BucketLeases || c.Bucket == protocol.BucketClusterLeases
+		if (leases && opts.LeaseTTL == 0) || (c.Bucket == protocol.BucketPresence && opts.PresenceTTL == 0) {
 			if st, err := js.Stream(ctx, "KV_"+c.Bucket); err == nil {
 				c.TTL = st.CachedInfo().Config.MaxAge
 			}

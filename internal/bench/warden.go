@@ -300,7 +300,7 @@ func schedulerDeliveries(tb *runTB, js jetstream.JetStream) uint64 {
 
 // background are the streams written per agent or per process over time,
 // not per job: presence heartbeats, health assessments, leader leases.
-var background = map[string]bool{"KV_" + protocol.BucketPresence: true, "KV_" + protocol.BucketHealth: true, "KV_" + protocol.BucketLeases: true}
+var background = map[string]bool{"KV_" + protocol.BucketPresence: true, "KV_" + protocol.BucketHealth: true, "KV_" + protocol.BucketLeases: true, "KV_" + protocol.BucketClusterLeases: true}
 
 // writesBetween sums the stored messages between two snapshots, leaving
 // out the background streams.

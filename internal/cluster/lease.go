@@ -156,7 +156,7 @@ func (l *lease) renew(ctx context.Context) error {
 		return errors.New("lease not held")
 	}
 	start := l.now()
-	ack, err := l.js.Publish(ctx, "$KV."+protocol.BucketLeases+"."+l.key, l.value(),
+	ack, err := l.js.Publish(ctx, "$KV."+protocol.BucketClusterLeases+"."+l.key, l.value(),
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(send))
 	if err != nil {
 		l.drop()
@@ -177,7 +177,7 @@ func (l *lease) renew(ctx context.Context) error {
 func (l *lease) recap(ctx context.Context) (before, after time.Duration, err error) {
 	st, err := l.kv.Status(ctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("read %s: %w", protocol.BucketLeases, err)
+		return 0, 0, fmt.Errorf("read %s: %w", protocol.BucketClusterLeases, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -15,12 +15,12 @@ import (
 	"github.com/wardenhq/warden/streams"
 )
 
-// leaseBucket starts a server with Warden's buckets (warden_leases with its
+// leaseBucket starts a server with Warden's buckets (warden_cluster_leases with its
 // default 5 s max age) and returns the leases bucket.
 func leaseBucket(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
 	_, _, js := natstest.Start(t, streams.Options{})
-	kv, err := js.KeyValue(context.Background(), protocol.BucketLeases)
+	kv, err := js.KeyValue(context.Background(), protocol.BucketClusterLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestLeaseFollowsALoweredBucketMaxAge(t *testing.T) {
 	}
 	t.Cleanup(stop)
 
-	s, err := js.Stream(ctx, "KV_"+protocol.BucketLeases)
+	s, err := js.Stream(ctx, "KV_"+protocol.BucketClusterLeases)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,13 +144,13 @@ func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*
 	if err != nil {
 		return nil, err
 	}
-	leases, err := js.KeyValue(ctx, protocol.BucketLeases)
+	leases, err := js.KeyValue(ctx, protocol.BucketClusterLeases)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", protocol.BucketLeases, err)
+		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusterLeases, err)
 	}
 	status, err := leases.Status(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", protocol.BucketLeases, err)
+		return nil, fmt.Errorf("read %s: %w", protocol.BucketClusterLeases, err)
 	}
 	key := protocol.PresenceKey(cfg.Pool, cfg.ID)
 	l := &lease{js: js, kv: leases, key: protocol.ClusterLeaseKey(cfg.Cluster), who: key, now: cfg.Now, bucketTTL: status.TTL()}

@@ -203,7 +203,7 @@ func TestSlowEventsDoNotDeposeTheLeader(t *testing.T) {
 	natstest.Eventually(t, 10*time.Second, "leader", func() bool { return a.m.View().IsLeader })
 	e1 := a.m.View().Epoch
 	natstest.Eventually(t, 10*time.Second, "an event publish stalls", func() bool { return stalled.Load() > 0 })
-	leases, err := b.js.KeyValue(context.Background(), protocol.BucketLeases)
+	leases, err := b.js.KeyValue(context.Background(), protocol.BucketClusterLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestShorterLeaseKeepsTheLeader(t *testing.T) {
 	if _, err := b.store.Update(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}
-	leases, err := b.js.KeyValue(context.Background(), protocol.BucketLeases)
+	leases, err := b.js.KeyValue(context.Background(), protocol.BucketClusterLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,11 +435,11 @@ func TestStoredFractionalLeaseDurationUsesWholeSeconds(t *testing.T) {
 	}
 	a := b.start(t, "fr", "a")
 	b.leaderOf(t, a)
-	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketLeases)
+	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketClusterLeases)
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := s.GetLastMsgForSubject(ctx, "$KV."+protocol.BucketLeases+"."+protocol.ClusterLeaseKey("fr"))
+	msg, err := s.GetLastMsgForSubject(ctx, "$KV."+protocol.BucketClusterLeases+"."+protocol.ClusterLeaseKey("fr"))
 	if err != nil {
 		t.Fatal(err)
 	}

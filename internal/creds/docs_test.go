@@ -83,14 +83,15 @@ func TestClusterMemberGrant(t *testing.T) {
 		}
 		return false
 	}
-	for _, want := range []string{"$KV.warden_cluster_runtime.web.state", "$KV.warden_cluster_runtime.web.req.*", "$KV.warden_leases.cluster.web",
+	for _, want := range []string{"$KV.warden_cluster_runtime.web.state", "$KV.warden_cluster_runtime.web.req.*", "$KV.warden_cluster_leases.cluster.web",
 		"$JS.API.DIRECT.GET.KV_warden_clusters.$KV.warden_clusters.web",
 		"warden.event.cluster_leader_elected.*", "$JS.API.CONSUMER.CREATE.KV_warden_health.*.$KV.warden_health.default.a1"} {
 		if !has(want) {
 			t.Errorf("member of web lacks %s", want)
 		}
 	}
-	for _, not := range []string{"$KV.warden_cluster_runtime.db.state", "$KV.warden_leases.cluster.db", "$KV.warden_leases.supervisor",
+	for _, not := range []string{"$KV.warden_cluster_runtime.db.state", "$KV.warden_cluster_leases.cluster.db", "$KV.warden_leases.supervisor",
+		"$KV.warden_leases.cluster.web", "$JS.API.STREAM.INFO.KV_warden_leases",
 		"$KV.warden_clusters.web", "$KV.warden_clusters.>", "$JS.API.DIRECT.GET.KV_warden_clusters.>"} {
 		if has(not) {
 			t.Errorf("member of web has %s", not)

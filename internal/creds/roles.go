@@ -351,7 +351,7 @@ var clusterEvents = []protocol.EventKind{
 // AgentInCluster is Agent plus what a member of cluster c needs to join
 // and lead it (docs/clusters.md): read its cluster's definition; its own
 // member report in c, its cluster's state, sync and request keys, the
-// lease cluster.<c>, a watch of its own health record, and the cluster
+// lease cluster.<c> (in warden_cluster_leases), a watch of its own health record, and the cluster
 // events. Nothing of another cluster's keys, and no write in the
 // definitions bucket: the runtime bucket allows roll-ups (pkg/protocol),
 // so a member can empty that, but not lose a definition. (The event
@@ -366,7 +366,7 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		return Role{}, fmt.Errorf("cluster %q must be a NATS token ([A-Za-z0-9_-], 1-128)", c)
 	}
 	def, rt := "$KV."+protocol.BucketClusters+"."+c, "$KV."+protocol.BucketClusterRuntime+"."+c
-	leases, health := "$KV."+protocol.BucketLeases+".cluster."+c, "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
+	leases, health := "$KV."+protocol.BucketClusterLeases+"."+protocol.ClusterLeaseKey(c), "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
 	r.Pub = append(r.Pub,
 		// Its definition, read and watched: that key alone (an agent
@@ -387,10 +387,12 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		// member of a cluster it was not minted for.
 		"$KV."+protocol.BucketClusterRuntime+"."+protocol.ClusterMemberKey(c, pool, id),
 		rt+".state", rt+".sync", rt+".req.*",
-		streamInfo("KV_"+protocol.BucketLeases), leases,
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketLeases+"."+leases,
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketLeases+".*."+leases,
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketLeases+".*", flowControl("KV_"+protocol.BucketLeases),
+		// Its cluster's lease, in a bucket of cluster leases only: the
+		// supervisor's is out of reach of a member's roll-up.
+		streamInfo("KV_"+protocol.BucketClusterLeases), leases,
+		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusterLeases+"."+leases,
+		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusterLeases+".*."+leases,
+		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusterLeases+".*", flowControl("KV_"+protocol.BucketClusterLeases),
 		streamInfo("KV_"+protocol.BucketHealth),
 		"$JS.API.DIRECT.GET.KV_"+protocol.BucketHealth+"."+health,
 		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketHealth+".*."+health,

@@ -182,7 +182,7 @@ func TestAgentIDUniqueAcrossPools(t *testing.T) {
 // agent could pose as a member of any cluster (counted by its leader as
 // alive, admitted, elected). A member joins only the cluster
 // it is configured for, and needs AgentInCluster for it anyway (it opens
-// warden_leases, which Agent does not grant); the report is granted there,
+// warden_cluster_leases, which Agent does not grant); the report is granted there,
 // for that cluster alone.
 func TestAgentClusterReportOnlyInItsCluster(t *testing.T) {
 	allowed := func(r creds.Role, subject string) bool {

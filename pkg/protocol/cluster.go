@@ -27,10 +27,13 @@ import (
 // costs a moment (members report again, leaders write their state again);
 // definitions beside them would be lost for good.
 //
-// Leadership is the lease cluster.<name> in warden_leases.
+// Leadership is the lease cluster.<name> in warden_cluster_leases: apart
+// from the supervisor's lease in warden_leases for the same reason (a
+// member's roll-up there would depose the supervisor, again and again).
 const (
 	BucketClusters       = "warden_clusters"
 	BucketClusterRuntime = "warden_cluster_runtime"
+	BucketClusterLeases  = "warden_cluster_leases"
 
 	// Replication modes.
 	ModeActivePassive = "active_passive"
@@ -275,7 +278,7 @@ func ClusterRequestKey(name, id string) string { return name + ".req." + id }
 // ClusterRequestsFilter matches every pending request of a cluster.
 func ClusterRequestsFilter(name string) string { return name + ".req.*" }
 
-// ClusterLeaseKey is the cluster's leader lease in warden_leases.
+// ClusterLeaseKey is the cluster's leader lease in warden_cluster_leases.
 func ClusterLeaseKey(name string) string { return "cluster." + name }
 
 // ClusterOfKey splits a cluster key (of either bucket) into the cluster

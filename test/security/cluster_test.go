@@ -22,7 +22,8 @@ import (
 // own state key removed every cluster's definition for good. Definitions
 // are now in a bucket members only read: the member leads its cluster with
 // its own credential (nothing refused), its roll-up empties only the
-// runtime bucket, and every definition stays.
+// runtime bucket, and every definition stays. The same for the leases:
+// the member's cluster lease is apart from the supervisor's.
 func TestClusterMemberCannotLoseDefinitions(t *testing.T) {
 	d := start(t, pool+".m1@web")
 	d.setupStreams(t)
@@ -79,6 +80,31 @@ func TestClusterMemberCannotLoseDefinitions(t *testing.T) {
 			t.Fatalf("definition %s after the member's roll-up: %+v, %v", name, def, err)
 		}
 	}
+	// The supervisor's lease is apart too: a member's roll-up on its own
+	// cluster's lease empties the cluster leases only (it deposed the
+	// supervisor when they shared warden_leases), and it cannot write the
+	// supervisor's key.
+	sup := d.connect(t, creds.RoleSupervisor)
+	leases, err := sup.js.KeyValue(ctx, protocol.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	supRev, err := leases.Create(ctx, "supervisor", []byte(`{"id":"sup-1"}`))
+	if err != nil {
+		t.Fatalf("the supervisor's lease: %v", err)
+	}
+	msg = nats.NewMsg("$KV." + protocol.BucketClusterLeases + "." + protocol.ClusterLeaseKey("web"))
+	msg.Data = []byte(`{}`)
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupAll)
+	if _, err := m1.js.PublishMsg(ctx, msg); err != nil {
+		t.Fatalf("roll-up on its own lease key: %v", err)
+	}
+	if e, err := leases.Get(ctx, "supervisor"); err != nil || e.Revision() != supRev {
+		t.Fatalf("the supervisor's lease after a member's roll-up on its cluster's lease: %v (revision %d, want %d)", err, revOf(e), supRev)
+	}
+	_ = m1.nc.Publish("$KV."+protocol.BucketLeases+".supervisor", []byte(`{"id":"m1"}`))
+	m1.expectRefused(t, "publish", "$KV."+protocol.BucketLeases+".supervisor")
+
 	// The leader writes its state again (a moment lost, nothing for good).
 	waitFor(t, 15*time.Second, "m1's state is back", func() bool {
 		s, _, err := st.State(ctx, "web")
@@ -87,4 +113,11 @@ func TestClusterMemberCannotLoseDefinitions(t *testing.T) {
 	if _, _, err := st.State(ctx, "db"); !errors.Is(err, cluster.ErrNotFound) {
 		t.Fatalf("db (no member) has a state: %v", err)
 	}
+}
+
+func revOf(e jetstream.KeyValueEntry) uint64 {
+	if e == nil {
+		return 0
+	}
+	return e.Revision()
 }
