@@ -19,7 +19,8 @@ type Expr interface {
 //     with seconds first; each field takes *, a value, a range a-b, a step
 //     (*/n, a-b/n) and lists; months and weekdays also by name (jan, mon);
 //     day-of-week 0 and 7 are Sunday; when both day fields are restricted
-//     a day matches either (as in Vixie cron);
+//     a day matches either, and a field starting with * (*/2) is not
+//     restricted (as in Vixie cron);
 //   - @yearly (@annually), @monthly, @weekly, @daily (@midnight), @hourly;
 //   - @every <duration> (at least 1s), ticking at anchor + k × duration.
 //
@@ -81,12 +82,18 @@ func Parse(s string, anchor time.Time, loc *time.Location) (Expr, error) {
 	if c.dow&(1<<7) != 0 {
 		c.dow |= 1 // 7 is Sunday too
 	}
-	c.domStar, c.dowStar = f[3] == "*" || f[3] == "?", f[5] == "*" || f[5] == "?"
+	// As Vixie cron: a day field starting with * (*/2 too) counts as
+	// unrestricted, so "0 0 */2 * mon" is odd days that are Mondays, not
+	// odd days or Mondays.
+	c.domStar, c.dowStar = unrestricted(f[3]), unrestricted(f[5])
 	if c.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, loc)).IsZero() {
 		return nil, fmt.Errorf("schedule %q never fires", s)
 	}
 	return c, nil
 }
+
+// unrestricted reports whether a day field leaves the other to decide.
+func unrestricted(field string) bool { return strings.HasPrefix(field, "*") || field == "?" }
 
 var (
 	months   = []string{"", "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"}

@@ -4,6 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	// The time zone database in the binary: the images are FROM scratch,
+	// with no /usr/share/zoneinfo, and a schedule with a time_zone the CLI
+	// accepted on its host was dropped at its first tick in the container
+	// ("unknown time zone").
+	_ "time/tzdata"
 
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -83,8 +88,8 @@ func (d *Definition) validate() (Expr, error) {
 	if j.IdempotencyKey != "" {
 		return nil, fmt.Errorf("the spec of a schedule must not set idempotency_key: every tick is its own job (<name>-<tick>)")
 	}
-	if j.RunAt != nil {
-		return nil, fmt.Errorf("the spec of a schedule must not set run_at: the schedule says when it runs")
+	if j.RunAt != nil || j.Delay > 0 {
+		return nil, fmt.Errorf("the spec of a schedule must not set run_at or delay: the schedule says when it runs")
 	}
 	return e, nil
 }

@@ -209,6 +209,10 @@ func TestAddValidatesAndRemove(t *testing.T) {
 		{Name: "x", Schedule: "@hourly", Spec: `{"name":"x","steps":[]}`},
 		{Name: "x.y", Schedule: "@hourly", Spec: everySecond},
 		{Name: "x", Schedule: "@hourly", Catchup: "all", Spec: everySecond},
+		// A delay in a schedule's spec was accepted and ignored (a tick's
+		// job counts as released): every tick ran at once.
+		{Name: "x", Schedule: "@hourly", Spec: `{"name":"x","delay":"10m","steps":[{"id":"a","action":"echo"}]}`},
+		{Name: "x", Schedule: "@hourly", Spec: `{"name":"x","run_at":"2030-01-01T00:00:00Z","steps":[{"id":"a","action":"echo"}]}`},
 	} {
 		if _, err := st.Add(ctx, bad, false); err == nil {
 			t.Errorf("%+v accepted", bad)
