@@ -78,10 +78,19 @@ func run(ctx context.Context, args []string) error {
 		defer writeAllocProfile(*memprofile)
 	}
 	started := time.Now()
+	rev := gitRevision(ctx)
 	rep, err := bench.Run(ctx, cfg)
 	interrupted := errors.Is(err, bench.ErrInterrupted)
 	if err != nil && !interrupted {
 		return err
+	}
+	// Provenance, read before the first phase: the results name the
+	// commit they measured and whether the tree had uncommitted changes.
+	if rev.commit != "" {
+		rep.Set("git_revision", rev.commit)
+	}
+	if rev.ok {
+		rep.Set("git_dirty", rev.dirty)
 	}
 	fmt.Println()
 	rep.Print(os.Stdout)

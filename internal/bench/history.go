@@ -72,7 +72,13 @@ func (e *Env) runHistory(tb *runTB) {
 		tb.Fatalf("store: %v", err)
 	}
 	o := ops.New(nc, store)
-	list := func(f jobstore.ListFilter) (time.Duration, ops.JobsPage) {
+	// A real `warden jobs ls` is one cold call: the figure is the slowest
+	// of 3 calls (normally the first, the cold one), not their median.
+	type listed struct {
+		first, median, max time.Duration
+		page               ops.JobsPage
+	}
+	list := func(f jobstore.ListFilter) listed {
 		var ds []time.Duration
 		var page ops.JobsPage
 		for range 3 {
@@ -86,16 +92,19 @@ func (e *Env) runHistory(tb *runTB) {
 			}
 			page = p
 		}
+		l := listed{first: ds[0], page: page}
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return ds[1], page
+		l.median, l.max = ds[1], ds[2]
+		return l
 	}
-	all, page := list(jobstore.ListFilter{})
-	e.rep.Add(atMost(Figure{Section: sec, Key: k("jobs_ls_%s_s"), Label: k("warden jobs ls, %s finished jobs"), Value: all.Seconds(), Unit: "s",
-		Note: fmt.Sprintf("ops.ListJobs, first page (%d jobs of %d matched), median of 3", len(page.Jobs), page.Matched)}, 1, "s"))
-	running, page := list(jobstore.ListFilter{States: []jobstore.JobState{jobstore.JobRunning}})
-	e.rep.Add(atMost(Figure{Section: sec, Key: k("jobs_ls_running_%s_s"), Label: k("warden jobs ls --state running, %s finished jobs"), Value: running.Seconds(), Unit: "s",
-		Note: fmt.Sprintf("%d matched, median of 3", page.Matched)}, 1, "s"))
-	e.logf("history: jobs ls %s, --state running %s", all.Round(time.Millisecond), running.Round(time.Millisecond))
+	all := list(jobstore.ListFilter{})
+	e.rep.Add(below(Figure{Section: sec, Key: k("jobs_ls_%s_s"), Label: k("warden jobs ls, %s finished jobs"), Value: all.max.Seconds(), Unit: "s",
+		Note: fmt.Sprintf("ops.ListJobs, first page (%d jobs of %d matched), slowest of 3 calls (first, cold %.3f s; median %.3f s; earlier runs reported the median)",
+			len(all.page.Jobs), all.page.Matched, all.first.Seconds(), all.median.Seconds())}, 1, "s"))
+	running := list(jobstore.ListFilter{States: []jobstore.JobState{jobstore.JobRunning}})
+	e.rep.Add(below(Figure{Section: sec, Key: k("jobs_ls_running_%s_s"), Label: k("warden jobs ls --state running, %s finished jobs"), Value: running.max.Seconds(), Unit: "s",
+		Note: fmt.Sprintf("%d matched, slowest of 3 calls (first %.3f s; median %.3f s)", running.page.Matched, running.first.Seconds(), running.median.Seconds())}, 1, "s"))
+	e.logf("history: jobs ls %s (first %s, median %s), --state running %s", all.max.Round(time.Millisecond), all.first.Round(time.Millisecond), all.median.Round(time.Millisecond), running.max.Round(time.Millisecond))
 
 	t1 := time.Now()
 	sup := e.supervisorProc(tb, srv.URL, "sup-history", 4)
@@ -103,7 +112,7 @@ func (e *Env) runHistory(tb *runTB) {
 	leading := time.Since(t1)
 	sup.WaitOutput(tb, "recovery index built", 2*time.Minute)
 	lead := time.Since(t1)
-	e.rep.Add(atMost(Figure{Section: sec, Key: k("supervisor_lead_%s_s"), Label: k("fresh supervisor leads, %s finished jobs"), Value: lead.Seconds(), Unit: "s",
+	e.rep.Add(below(Figure{Section: sec, Key: k("supervisor_lead_%s_s"), Label: k("fresh supervisor leads, %s finished jobs"), Value: lead.Seconds(), Unit: "s",
 		Note: fmt.Sprintf("process start to its `recovery index built` log line (`leading:` after %.2f s); no other supervisor holds the lease", leading.Seconds())}, 5, "s"))
 	e.logf("history: fresh supervisor leads after %s", lead.Round(time.Millisecond))
 }

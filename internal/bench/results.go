@@ -95,6 +95,16 @@ func atMost(f Figure, goal float64, unit string) Figure {
 	return f
 }
 
+// below is atMost for targets the acceptance states as strictly less than
+// the goal (p50 < 2 ms, dispatch p99 < 5 ms, jobs ls < 1 s, supervisor
+// lead < 5 s, idle < 1 core, RSS < 1 GiB): a value equal to the goal is
+// not met.
+func below(f Figure, goal float64, unit string) Figure {
+	f.Target = fmt.Sprintf("< %s %s", num(goal), unit)
+	f.Met = yesNo(f.Value < goal)
+	return f
+}
+
 func yesNo(b bool) string {
 	if b {
 		return "yes"
@@ -259,7 +269,18 @@ func (r *Report) WriteMarkdown(w io.Writer, before map[string]any) {
 	r.mu.Lock()
 	figs := append([]Figure(nil), r.Figures...)
 	notes := append([]string(nil), r.Notes...)
+	rev, _ := r.Info["git_revision"].(string)
+	dirty, hasDirty := r.Info["git_dirty"].(bool)
 	r.mu.Unlock()
+	if rev != "" {
+		tree := ""
+		if hasDirty && dirty {
+			tree = " (uncommitted changes in the tree)"
+		} else if hasDirty {
+			tree = " (clean tree)"
+		}
+		fmt.Fprintf(w, "Revision: `%s`%s\n", rev, tree)
+	}
 	section := ""
 	for _, f := range figs {
 		if f.Section != section {

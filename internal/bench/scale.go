@@ -173,7 +173,7 @@ func (e *Env) scaleOnce(tb *runTB, n int, tasksOnly bool) scaleWindow {
 		f := Figure{Section: sec, Key: k("agents_%d_cpu_cores"), Label: k("%d agents idle: scheduler+supervisor CPU"), Value: cores["scheduler"] + cores["supervisor"], Unit: "cores",
 			Note: fmt.Sprintf("scheduler %.3f, supervisor %.3f, nats-server %.3f, SDK agents %.3f (one process)", cores["scheduler"], cores["supervisor"], cores["server"], cores["fleet"])}
 		if n == 5000 {
-			f = atMost(f, 1, "cores")
+			f = below(f, 1, "cores")
 		}
 		e.rep.Add(f)
 		e.rep.Add(Figure{Section: sec, Key: k("agents_%d_server_cpu_cores"), Label: k("%d agents idle: nats-server CPU"), Value: cores["server"], Unit: "cores"})
