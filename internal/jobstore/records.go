@@ -25,7 +25,8 @@ const (
 	JobCompensating       JobState = "compensating"
 	JobCompensated        JobState = "compensated"
 	JobCompensationFailed JobState = "compensation_failed"
-	// JobExpired: a step expired before it could start (and none failed).
+	// JobExpired: a step expired before it could start, none failed, and
+	// nothing was to be undone (else the job compensates).
 	JobExpired JobState = "expired"
 )
 

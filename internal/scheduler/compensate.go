@@ -1,8 +1,9 @@
 package scheduler
 
 // Compensation (seed 002; planner in internal/compensate). When a job's
-// steps have all ended and one failed for good, the steps that succeeded
-// and declare `compensate:` are undone: their compensation steps are
+// steps have all ended and one failed for good (failed, dead-lettered, or
+// expired before it could start: the job cannot complete either way), the
+// steps that succeeded and declare `compensate:` are undone: their compensation steps are
 // appended to the job (spec and records) with dependencies in reverse
 // order, and run as ordinary steps — fenced by epoch, leased, retried with
 // their own policy, recovered by the supervisor. The job is compensating
@@ -36,8 +37,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	failed := j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing()
 	in := make([]compensate.Step, len(js.steps))
 	for i, st := range js.steps {
-		switch st.State {
-		case jobstore.StepFailed, jobstore.StepDeadLettered:
+		if forwardFailure(st.State) {
 			failed = true
 		}
 		s := compensate.Step{ID: st.ID, DependsOn: st.DependsOn, Compensable: j.Spec.Steps[i].Compensate != nil}
@@ -89,14 +89,29 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	return true
 }
 
-// failure describes the first forward step that failed, or the cancel
-// that asked for compensation. A failure comes first: a plain cancel of a
-// job already compensating changes nothing but its desired state, and
-// named the cancel as the job's error instead of the step that failed.
+// forwardFailure reports whether a forward step in state s ended so that
+// its job cannot complete, which undoes the job's compensable steps. An
+// expired step counts: the job ended without it, and the steps that had
+// succeeded (a seat reserved, a card not charged) were left done.
+func forwardFailure(s jobstore.StepState) bool {
+	return s == jobstore.StepFailed || s == jobstore.StepDeadLettered || s == jobstore.StepExpired
+}
+
+// failure describes the first forward step that failed (else the first
+// that expired), or the cancel that asked for compensation. A failure
+// comes first: a plain cancel of a job already compensating changes
+// nothing but its desired state, and named the cancel as the job's error
+// instead of the step that failed.
 func (js *jobState) failure() string {
-	for _, st := range js.steps[:max(js.job.ForwardSteps, 0)] {
+	forward := js.steps[:max(js.job.ForwardSteps, 0)]
+	for _, st := range forward {
 		if st.State == jobstore.StepFailed || st.State == jobstore.StepDeadLettered {
 			return fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
+		}
+	}
+	for _, st := range forward {
+		if st.State == jobstore.StepExpired {
+			return fmt.Sprintf("step %s %s", st.ID, st.LastError) // as settle words it
 		}
 	}
 	if js.job.Desired == jobstore.JobCancelled {

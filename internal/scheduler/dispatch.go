@@ -87,6 +87,21 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			w.freeIfQueued(jt, i)
 			continue
 		}
+		if st.Expired(now) && st.Attempt > 0 {
+			// It ran and waits for a retry (or was taken back from its
+			// agent): the expiry bounds when a step may start, not how
+			// long a started one retries, and no attempt starts past it.
+			// It fails with the error it has, not as expired.
+			tries++
+			w.s.stopWaiting(holder)
+			w.freeIfQueued(jt, i)
+			failPastExpiry(st, now)
+			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
+				Str("error", st.LastError).Msg("step failed: its next attempt would start after its expiry")
+			js.markStep(i)
+			js.stepEnded(i, now)
+			continue
+		}
 		if st.Expired(now) {
 			tries++
 			w.s.stopWaiting(holder)
@@ -139,7 +154,22 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			behind() // before taking gates it would give back
 			continue
 		}
-		if ok, at, why := w.admit(jt, i, now); !ok {
+		ok, at, why, fail := w.admit(jt, i, now)
+		if fail != nil {
+			// Its rate limit stayed unknown past the grace: it never
+			// passes, and waiting would leave the job open for ever.
+			w.s.stopWaiting(holder)
+			w.freeIfQueued(jt, i)
+			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Err(fail).Msg("step failed: unknown rate limit")
+			st.Fail(fail.Error(), now)
+			js.markStep(i)
+			js.stepEnded(i, now)
+			ev := protocol.Event{Kind: protocol.EventStepFailedUnknownLimit, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError,
+				Data: map[string]string{"rate_limit": jt.js.job.Spec.Steps[i].RateLimit}}
+			jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+			continue
+		}
+		if !ok {
 			// A concurrency key or rate limit holds the step back; a
 			// freed slot wakes the job sooner (releaseGates, giveBackSlots). Until it
 			// passes, it does not hold back lower work.
@@ -315,4 +345,19 @@ func (s *Scheduler) taskMsg(st *jobstore.Step, pool, agent, token string) *nats.
 	}
 	setClusterHeaders(m.Header, st)
 	return m
+}
+
+// failPastExpiry ends a step that has run (Attempt > 0) and whose next
+// attempt cannot start by its expires_at: it fails with its last error,
+// which the expiry does not replace, and its job fails (and compensates)
+// as for any permanent failure. Its error count already holds that error.
+func failPastExpiry(st *jobstore.Step, now time.Time) {
+	why := st.LastError
+	if why == "" {
+		why = "attempt " + strconv.Itoa(st.Attempt) + " ended"
+	}
+	st.State = jobstore.StepFailed
+	st.LastError = why + " (not retried: its expires_at " + st.ExpiresAt.Format(time.RFC3339) + " passed)"
+	st.UpdatedAt, st.FinishedAt = now, now
+	st.LockedUntil, st.NotBefore = time.Time{}, time.Time{}
 }

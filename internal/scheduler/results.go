@@ -251,6 +251,12 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		}
 		if outcome == jobstore.OutcomeRetry {
 			st.NotBefore = now.Add(delay)
+			if !reroute && st.Attempt > 0 && !st.ExpiresAt.IsZero() && st.NotBefore.After(st.ExpiresAt) {
+				// Its backoff ends past its expiry: the retry could not
+				// start, so the step fails now with this error (dispatch).
+				failPastExpiry(st, now)
+				outcome = jobstore.OutcomeFailed
+			}
 		}
 	}
 	js.markStep(i)

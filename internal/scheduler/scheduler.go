@@ -41,6 +41,9 @@ type Scheduler struct {
 	retry    retry.Config
 	workers  []*worker
 
+	// unknownLimitGrace: WithUnknownLimitGrace.
+	unknownLimitGrace time.Duration
+
 	// clusterTurn rotates ties among active-active cluster members.
 	clusterTurn atomic.Uint32
 	gates       gates   // concurrency keys and rate limits (workflow.go)
@@ -56,6 +59,13 @@ func WithLogger(l zerolog.Logger) Option { return func(s *Scheduler) { s.log = l
 
 // WithMetrics sets the metrics sink.
 func WithMetrics(m Metrics) Option { return func(s *Scheduler) { s.metrics = m } }
+
+// WithUnknownLimitGrace sets how long a step waits on a rate limit the
+// scheduler does not define before it fails. Defaults to
+// DefaultUnknownLimitGrace.
+func WithUnknownLimitGrace(d time.Duration) Option {
+	return func(s *Scheduler) { s.unknownLimitGrace = d }
+}
 
 // WithClock sets the clock used for leases and timestamps.
 func WithClock(now func() time.Time) Option { return func(s *Scheduler) { s.now = now } }
@@ -84,7 +94,7 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Scheduler, error) {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	s := &Scheduler{cfg: cfg, retry: rc, nc: nc, js: js, log: zerolog.Nop(), metrics: NopMetrics{}, now: time.Now,
-		selector: sel, holds: h}
+		selector: sel, holds: h, unknownLimitGrace: DefaultUnknownLimitGrace}
 	for _, o := range opts {
 		o(s)
 	}

@@ -7,6 +7,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -126,34 +127,35 @@ func holderID(job, step string) string { return job + "." + step }
 
 // admit takes the concurrency slots and the rate-limit grant step i needs.
 // When it cannot, it gives back what it took and says when to look again
-// and why (for the step's waiting field).
-func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time.Time, why string) {
+// and why (for the step's waiting field); fail is set when the step can
+// never pass (unknownLimit), and dispatch fails it.
+func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time.Time, why string, fail error) {
 	sp := &jt.js.job.Spec
 	ss := sp.Steps[i]
 	keys := sp.StepConcurrency(ss)
 	if len(keys) == 0 && ss.RateLimit == "" {
-		return true, time.Time{}, ""
+		return true, time.Time{}, "", nil
 	}
 	st := jt.js.steps[i]
 	if jt.js.jobRev == 0 {
 		// The job's records are not created yet (or this is a resubmission
 		// of a job that exists): take nothing shared before the create has
 		// landed. The job continues right after it.
-		return false, now.Add(10 * time.Millisecond), st.Waiting
+		return false, now.Add(10 * time.Millisecond), st.Waiting, nil
 	}
 	holder := holderID(st.JobID, st.ID)
 	if until, ok := w.gated[st.JobID][st.ID]; ok && now.Before(until) {
 		// Queued behind others (a concurrency key's queue, or its place
 		// in a rate limit's line): a Release wakes it (gateFreed), or its
 		// wake comes then.
-		return false, until, st.Waiting
+		return false, until, st.Waiting, nil
 	}
 	if w.gateSpent >= gateBudget {
 		// The turn spent its share on gates: a step admitted now would be
 		// published at the end of a turn that has already eaten into its
 		// lease, and every other job of this worker waits for the turn.
 		// It asks again next turn.
-		return false, now.Add(gateBudget), st.Waiting
+		return false, now.Add(gateBudget), st.Waiting, nil
 	}
 	w.ungate(st.JobID, st.ID)
 	ctx, cancel := context.WithTimeout(w.ctx, w.s.cfg.WriteTimeout.Std())
@@ -166,20 +168,25 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		g, at, err := w.s.gates.conc.AcquireGrant(ctx, k.Key, k.Limit, holder, lease)
 		if err != nil {
 			undo()
-			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingKeyError(k.Key, err)
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingKeyError(k.Key, err), nil
 		}
 		if !g.Granted {
 			undo()
 			w.gate(st.JobID, st.ID, at)
-			return false, at, fmt.Sprintf("%s %s (limit %d)", jobstore.WaitingForKey, k.Key, k.Limit)
+			return false, at, fmt.Sprintf("%s %s (limit %d)", jobstore.WaitingForKey, k.Key, k.Limit), nil
 		}
 		held = append(held, gateGrant{key: k.Key, Grant: g})
 	}
 	if ss.RateLimit != "" {
 		granted, at, err := w.s.gates.rate.Allow(ctx, ss.RateLimit, "")
+		if errors.Is(err, ratelimit.ErrUnknownLimit) {
+			undo()
+			at, fail := w.unknownLimit(st, jobstore.WaitingLimitError(ss.RateLimit, err), err, now)
+			return false, at, jobstore.WaitingLimitError(ss.RateLimit, err), fail
+		}
 		if err != nil {
 			undo()
-			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingLimitError(ss.RateLimit, err)
+			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingLimitError(ss.RateLimit, err), nil
 		}
 		if !granted {
 			undo()
@@ -190,7 +197,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 			// went unused while steps still waited.
 			at = w.s.rateRetry(ss.RateLimit, at)
 			w.gate(st.JobID, st.ID, at)
-			return false, at, jobstore.WaitingForRateLimit + " " + ss.RateLimit
+			return false, at, jobstore.WaitingForRateLimit + " " + ss.RateLimit, nil
 		}
 	}
 	jt.admitted = append(jt.admitted, i)
@@ -200,7 +207,40 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		}
 		jt.grants[i] = held
 	}
-	return true, time.Time{}, ""
+	return true, time.Time{}, "", nil
+}
+
+// DefaultUnknownLimitGrace is how long a step waits on a rate limit its
+// scheduler does not define before it fails (WithUnknownLimitGrace).
+// Submission refuses such a name, so a step meets one only when the
+// schedulers' configurations differ or changed since: during a rolling
+// deploy that adds the limit an old scheduler may hold the job until a
+// new one takes its partition, which the grace covers; a limit removed
+// from the configuration never comes back, and the step then fails once
+// the grace has passed instead of waiting for ever.
+const DefaultUnknownLimitGrace = 5 * time.Minute
+
+// unknownLimit decides for a step whose rate limit this scheduler does not
+// define (why: its waiting reason): wait, and when to look again, or fail
+// once it has waited so for the grace. The wait is counted from when the
+// step's waiting field first said so (its updated_at then), as stored,
+// so it holds across schedulers and restarts.
+func (w *worker) unknownLimit(st *jobstore.Step, why string, err error, now time.Time) (time.Time, error) {
+	grace := w.s.unknownLimitGrace
+	if st.Waiting == why {
+		if deadline := st.UpdatedAt.Add(grace); !now.Before(deadline) {
+			return time.Time{}, fmt.Errorf("%w: not in the scheduler's rate_limits for %s", err, grace)
+		}
+		return minTime(st.UpdatedAt.Add(grace), now.Add(w.s.cfg.WaitRetry.Std())), nil
+	}
+	return now.Add(min(grace, w.s.cfg.WaitRetry.Std())), nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // gateGrant is a concurrency slot a turn took for a step.

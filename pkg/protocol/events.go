@@ -23,6 +23,9 @@ const (
 	// fields that did not decode (Data["fields"] names them, Reason says
 	// why; the step, agent and Data["epoch"] say whose).
 	EventResultFieldsIgnored EventKind = "result_fields_ignored"
+	// EventStepFailedUnknownLimit: a step failed because no scheduler that
+	// held it knew its rate limit for the grace (Data["rate_limit"]).
+	EventStepFailedUnknownLimit EventKind = "step_failed_unknown_rate_limit"
 	// EventStepRecovered: the supervisor took a step back from its agent
 	// (lease expired, agent failed) for a scheduler to dispatch again.
 	EventStepRecovered EventKind = "step_recovered"

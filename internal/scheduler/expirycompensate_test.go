@@ -1,0 +1,107 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/events"
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/agenttest"
+	"github.com/wardenhq/warden/pkg/protocol"
+)
+
+// scriptedAgent starts agent a1 of pool default running script, and
+// returns the steps it ran, in order.
+func scriptedAgent(t *testing.T, b *bundle, script func(task *agent.Task) error) func() string {
+	t.Helper()
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var mu sync.Mutex
+	var order []string
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		mu.Lock()
+		order = append(order, task.StepID)
+		mu.Unlock()
+		if err := script(task); err != nil {
+			return nil, err
+		}
+		return "ok", nil
+	})
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(order, " ")
+	}
+}
+
+// A step's expiry bounds when it may start, not how long a started one
+// retries. charge (ttl 3s) fails retriably and its backoff (30s) ends past
+// its expiry: it fails with its own error, and seat, which succeeded, is
+// undone. It ended expired ("not started by …", which it had been), the
+// job expired, and seat stayed reserved.
+func TestRetryPastExpiryFailsWithItsErrorAndCompensates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	ran := scriptedAgent(t, b, func(task *agent.Task) error {
+		if task.StepID == "charge" {
+			return agent.Retriable(errors.New("payment gateway down"))
+		}
+		return nil
+	})
+	publishJobs(t, b, 1, "pay", `{"name":"pay","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"charge","action":"echo","depends_on":["seat"],"ttl":"3s","max_retries":3,
+  "retry":{"base_backoff":"30s","max_backoff":"30s"}}]}`)
+	job := b.waitJobWithin(t, "pay-0000", jobstore.JobCompensated, 20*time.Second)
+	st, _, err := b.store.Step(context.Background(), "pay-0000", "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != jobstore.StepFailed || !strings.HasPrefix(st.LastError, "payment gateway down") {
+		t.Fatalf("charge %s with error %q; want failed with its own error", st.State, st.LastError)
+	}
+	if !strings.Contains(job.Error, "step charge failed: payment gateway down") {
+		t.Fatalf("job error %q; want charge's failure", job.Error)
+	}
+	if got := ran(); got != "seat charge seat_compensate" {
+		t.Fatalf("executions %q", got)
+	}
+	t.Logf("job %s (%s); charge %s (%s)", job.State, job.Error, st.State, st.LastError)
+}
+
+// A step that expires before it could start ends its job as surely as one
+// that failed: the steps that succeeded are undone. car (no agent of its
+// pool, ttl 1s) expires after seat succeeded; the job compensates and its
+// error names the expiry. It ended expired with seat left reserved.
+func TestExpiredStepCompensatesCompletedSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{WaitRetry: protocol.Duration(100 * time.Millisecond)})
+	ran := scriptedAgent(t, b, func(*agent.Task) error { return nil })
+	publishJobs(t, b, 1, "trip", `{"name":"trip","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"car","action":"echo","pool":"nobody","depends_on":["seat"],"ttl":"1s"}]}`)
+	job := b.waitJobWithin(t, "trip-0000", jobstore.JobCompensated, 20*time.Second)
+	st, _, err := b.store.Step(context.Background(), "trip-0000", "car")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != jobstore.StepExpired || !strings.Contains(job.Error, "step car expired: not started by") {
+		t.Fatalf("car %s; job error %q", st.State, job.Error)
+	}
+	if got := ran(); got != "seat seat_compensate" {
+		t.Fatalf("executions %q", got)
+	}
+	natstest.Eventually(t, 5*time.Second, "a job_compensating event", func() bool {
+		evs, err := events.List(context.Background(), b.js, protocol.EventJobCompensating, 0)
+		return err == nil && len(evs) == 1 && evs[0].JobID == job.ID
+	})
+	t.Logf("job %s (%s)", job.State, job.Error)
+}
