@@ -84,17 +84,18 @@ func RetryJob(ctx context.Context, store *jobstore.Store, jobID string, now time
 }
 
 // reopen carries out r in one pass over one snapshot of the job (read
-// again only after a lost compare-and-set): the steps it reopens, the
+// again only after a lost compare-and-set): the steps it reopens, then the
 // skipped steps (pending again: the scheduler skips them again if another
-// dependency still failed) and the ended steps whose records carry the
-// retention TTL its job's end gave them (written as they are, without
-// it: a job reopened near its retention lost its succeeded steps' records
-// while it ran again, and the scheduler took them for steps never created
-// and ran them again; the job's next end gives it back) are written
-// pipelined, then the job record, running. The job record is written
-// even when the job is open: one whose steps had all ended may be writing
-// its terminal record (sealing), and that write must lose its
-// compare-and-set and read the reopened step, not end the job over it.
+// dependency still failed), each group pipelined, then the job record,
+// running, then the ended steps whose records carry the retention TTL its
+// job's end gave them (written as they are, without it: a job reopened
+// near its retention lost its succeeded steps' records while it ran
+// again, and the scheduler took them for steps never created and ran them
+// again; the job's next end gives it back; keepEnded says why last).
+// The job record is written even when the job is open: one whose steps
+// had all ended may be writing its terminal record (sealing), and that
+// write must lose its compare-and-set and read the reopened step, not end
+// the job over it.
 // The job's write is at the revision the decision was taken on, so a
 // cancel that lands meanwhile is read again and refused, never undone.
 // It returns the steps it reopened (their writes landed), also on error.
@@ -114,9 +115,10 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 			return done, err
 		}
 		var (
-			writes  []*jobstore.Step // in snapshot order
-			target  = make(map[string]bool, len(targets))
-			skipped = map[string]bool{}
+			// In snapshot order: the steps reopened, the skipped ones,
+			// and the ended ones whose records carry the TTL.
+			reopened, skipped, ended []*jobstore.Step
+			target                   = make(map[string]bool, len(targets))
 		)
 		for _, id := range targets {
 			target[id] = true
@@ -128,43 +130,43 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 				st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0
 				st.LastError = "reopened by an operator after: " + st.LastError
 				st.UpdatedAt = now
+				reopened = append(reopened, st)
 			case st.State == jobstore.StepSkipped:
 				st.State, st.FinishedAt, st.LastError, st.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
-				skipped[st.ID] = true
+				skipped = append(skipped, st)
 			case st.State.Terminal() && snap.Expiring[st.ID]:
-				// Written as it is (jobstore.StepWrite carries no TTL).
-			default:
-				continue
+				// Written as it is (jobstore.StepWrite carries no TTL),
+				// once the job record is open (keepEnded).
+				ended = append(ended, st)
 			}
-			writes = append(writes, st)
 		}
-		conflict := false
-		if !job.Inline && len(writes) > 0 {
-			b := store.Batch()
-			for _, st := range writes {
-				b.Add(store.StepWrite(st, snap.Revs[st.ID]))
-			}
+		if !job.Inline {
+			// The reopened steps first, then the skipped ones: a finished
+			// job none of whose steps could be reopened (a write failed)
+			// is left as it was, its records' retention with it.
 			var failed error
-			for i, res := range b.Wait(ctx) {
-				id := writes[i].ID
-				switch {
-				case res.Err == nil:
-					if target[id] {
-						done = append(done, id)
+			conflict := false
+			for _, group := range [][]*jobstore.Step{reopened, skipped} {
+				if failed != nil || conflict {
+					break
+				}
+				for i, res := range writeSteps(ctx, store, snap, group) {
+					switch {
+					case res.Err == nil:
+						if target[group[i].ID] {
+							done = append(done, group[i].ID)
+						}
+					case !errors.Is(res.Err, jobstore.ErrConflict):
+						if failed == nil {
+							failed = res.Err
+						}
+					default:
+						// Someone else wrote the step meanwhile (a scheduler
+						// ending or sealing the job): read again. A skipped
+						// one left skipped would never run while the job,
+						// reopened, could end succeeded.
+						conflict = true
 					}
-				case !errors.Is(res.Err, jobstore.ErrConflict):
-					if failed == nil {
-						failed = res.Err
-					}
-				case target[id] || skipped[id]:
-					// Someone else wrote the step meanwhile (a scheduler
-					// ending or sealing the job): read again. A skipped
-					// one left skipped would never run while the job,
-					// reopened, could end succeeded.
-					conflict = true
-				default:
-					// An ended step's TTL the scheduler takes back
-					// itself (unseal) once the job is open again.
 				}
 			}
 			switch {
@@ -176,6 +178,7 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 				if err := reopenJobRecord(ctx, store, snap, now); err != nil {
 					return done, fmt.Errorf("%w; nor was the job reopened: %w", failed, err)
 				}
+				keepEnded(ctx, store, snap, ended)
 				return done, failed
 			case conflict:
 				continue
@@ -191,6 +194,7 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 			}
 			return done, err
 		}
+		keepEnded(ctx, store, snap, ended)
 		if job.Inline {
 			done = append(done, targets...)
 		}
@@ -200,6 +204,33 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 		return done, nil
 	}
 	return done, fmt.Errorf("reopen job %s: %w", r.job, jobstore.ErrConflict)
+}
+
+// keepEnded writes the records of a reopened job's ended steps again
+// without the retention TTL its end gave them (jobstore.StepWrite carries
+// none), each at the revision read. Only once the job record is open
+// again: written before, in the same batch as the reopened steps, they
+// lost their TTL also when the reopen then failed (a step record too large
+// to write, the connection lost) and left the job finished, which no
+// scheduler touches again, so they outlived their job for ever. A write
+// that fails is left to the scheduler, which takes the TTL of an open
+// job's records back itself (settleExpiry); one that lost its
+// compare-and-set was written by it already.
+func keepEnded(ctx context.Context, store *jobstore.Store, snap *jobstore.Snapshot, ended []*jobstore.Step) {
+	writeSteps(ctx, store, snap, ended)
+}
+
+// writeSteps writes steps pipelined, each at the revision read in snap,
+// and returns their outcomes in order.
+func writeSteps(ctx context.Context, store *jobstore.Store, snap *jobstore.Snapshot, steps []*jobstore.Step) []jobstore.Result {
+	if len(steps) == 0 {
+		return nil
+	}
+	b := store.Batch()
+	for _, st := range steps {
+		b.Add(store.StepWrite(st, snap.Revs[st.ID]))
+	}
+	return b.Wait(ctx)
 }
 
 // reopenJobRecord writes the job record of snap running (if it had

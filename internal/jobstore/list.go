@@ -72,6 +72,9 @@ type ListedJob struct {
 	// Job is the record, read through the Store; nil if the job went away
 	// between the scan and the read (its retention ended).
 	Job *Job `json:"job,omitempty"`
+	// Steps are the job's steps, read with Job in one read (Store.Load), in
+	// spec order; a step not yet materialised is missing.
+	Steps []VersionedStep `json:"-"`
 }
 
 // ListPage is one page of a listing, newest job first.
@@ -160,7 +163,12 @@ func compareEntries(a, b JobEntry) int {
 	return strings.Compare(a.ID, b.ID)
 }
 
-// readPage reads the page's records concurrently.
+// readPage reads the page's records concurrently, each job with its steps
+// in one read: a job whose retention ends while the page is read is either
+// read whole or not at all. Read apart (the job, then its steps for the
+// listing's "steps done"), a job that expired between the two reads failed
+// the whole listing with "not found" (21 of 503 listings with a 1 s
+// retention and constant writes).
 func (s *Store) readPage(ctx context.Context, sel []JobEntry, out []ListedJob) error {
 	errs := make([]error, len(sel))
 	sem := make(chan struct{}, stepReadConcurrency)
@@ -171,11 +179,14 @@ func (s *Store) readPage(ctx context.Context, sel []JobEntry, out []ListedJob) e
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			out[i].JobEntry = e
-			j, _, err := s.Job(ctx, e.ID)
-			if errors.Is(err, ErrNotFound) {
-				return
+			snap, err := s.Load(ctx, e.ID)
+			switch {
+			case errors.Is(err, ErrNotFound):
+			case err != nil:
+				errs[i] = err
+			default:
+				out[i].Job, out[i].Steps = snap.Job, snap.Versioned()
 			}
-			out[i].Job, errs[i] = j, err
 		}()
 	}
 	wg.Wait()
@@ -233,6 +244,7 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	var out []JobEntry
 	var legacy []string
 	at := map[string]int{} // index in out of a job already read
+	gone := 0              // entries of out removed during the scan (ID "")
 	extra := 0             // writes read past the last at the start
 	prefix := "$KV." + s.kv.Bucket() + ".job."
 	for {
@@ -250,8 +262,16 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		h := m.Headers()
 		id := strings.TrimPrefix(m.Subject(), prefix)
 		if i, seen := at[id]; seen {
-			// Rewritten during the scan: the newer write replaces it.
-			if e, ok := entryFromHeaders(id, h, md); ok && !Removed(h) {
+			switch e, ok := entryFromHeaders(id, h, md); {
+			case Removed(h):
+				// Removed during the scan (its retention ended, or a
+				// delete): the job is gone. Kept, it was counted in
+				// Matched and Counts, and its page had a hole.
+				out[i] = JobEntry{}
+				delete(at, id)
+				gone++
+			case ok:
+				// Rewritten during the scan: the newer write replaces it.
 				out[i] = e
 			}
 		} else if !Removed(h) {
@@ -274,6 +294,9 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		if md.NumPending == 0 || extra > max(maxScanExtra, len(out)) {
 			break
 		}
+	}
+	if gone > 0 {
+		out = slices.DeleteFunc(out, func(e JobEntry) bool { return e.ID == "" })
 	}
 	if len(legacy) > 0 {
 		more, err := s.legacyEntries(ctx, legacy)

@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
@@ -32,8 +31,9 @@ type JobsPage struct {
 }
 
 // ListJobs returns one page of jobs. It reads the job records' headers, then
-// only the page's records (jobstore.Store.List), so it stays fast with tens
-// of thousands of finished jobs.
+// only the page's jobs, each record with its steps (jobstore.Store.List), so
+// it stays fast with tens of thousands of finished jobs. A job whose
+// retention ends meanwhile is left out of the page.
 func (o *Ops) ListJobs(ctx context.Context, f jobstore.ListFilter) (JobsPage, error) {
 	if f.Limit < 0 || f.Limit > jobstore.MaxListLimit {
 		return JobsPage{}, Errorf(CodeInvalid, "limit %d: want 1 to %d (0: %d)", f.Limit, jobstore.MaxListLimit, jobstore.DefaultListLimit)
@@ -48,41 +48,21 @@ func (o *Ops) ListJobs(ctx context.Context, f jobstore.ListFilter) (JobsPage, er
 		return JobsPage{}, err
 	}
 	out := JobsPage{Jobs: make([]JobSummary, 0, len(p.Jobs)), Next: p.Next, Matched: p.Matched, Counts: p.Counts}
-	var records []*jobstore.Job
 	for _, lj := range p.Jobs {
 		if lj.Job == nil {
 			continue // its retention ended between the scan and the read
 		}
-		records = append(records, lj.Job)
-		out.Jobs = append(out.Jobs, JobSummary{JobEntry: lj.JobEntry, Name: lj.Job.Name, Error: lj.Job.Error,
-			StepsTotal: len(lj.Job.Spec.Steps), FinishedAt: lj.Job.FinishedAt})
-	}
-	// Steps done, for the page's jobs only.
-	var wg sync.WaitGroup
-	errs := make([]error, len(out.Jobs))
-	sem := make(chan struct{}, 16)
-	for i := range out.Jobs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			steps, err := o.store.Steps(ctx, records[i])
-			if err != nil {
-				errs[i] = err
-				return
+		row := JobSummary{JobEntry: lj.JobEntry, Name: lj.Job.Name, Error: lj.Job.Error,
+			StepsTotal: len(lj.Job.Spec.Steps), FinishedAt: lj.Job.FinishedAt}
+		// Steps done from the steps read with the record (one read: a job
+		// read again for its steps could be gone by then, and the whole
+		// page failed with "not found").
+		for _, st := range lj.Steps {
+			if st.State.Terminal() {
+				row.StepsDone++
 			}
-			for _, st := range steps {
-				if st.State.Terminal() {
-					out.Jobs[i].StepsDone++
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return JobsPage{}, err
 		}
+		out.Jobs = append(out.Jobs, row)
 	}
 	return out, nil
 }
