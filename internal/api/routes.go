@@ -216,7 +216,7 @@ func (s *Server) cancelJob(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// retryJob reopens a finished job's failed, dead-lettered and cancelled
+// retryJob reopens a finished job's failed, dead-lettered, cancelled and expired
 // steps. A retry that fails part-way (ops.PartialRetryError) lists the
 // steps it reopened (ErrorDetail.Reopened).
 func (s *Server) retryJob(w http.ResponseWriter, r *http.Request) error {

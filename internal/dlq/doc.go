@@ -6,8 +6,10 @@
 // its job and steps skipped because of it, asks a scheduler to advance the
 // job, and only then deletes the dead letter: a crash in between leaves the
 // letter in place, never loses it. RetryJob (a job retry) reopens a
-// finished job's failed, dead-lettered and cancelled steps the same way, in
-// one pass (reopen.go).
+// finished job's failed, dead-lettered, cancelled and expired steps the
+// same way, in one pass (reopen.go). A reopened step's expiry is computed
+// again from the retry (a ttl runs from then, an expires_at already past
+// is dropped), so a retry runs it rather than expiring it at once.
 //
 // Invariants: this package deletes a letter only after what it stands for
 // is safely elsewhere (retry) or on an operator's explicit purge. The

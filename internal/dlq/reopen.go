@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/pkg/spec"
 )
 
 // ErrJobCancelled: the step's job is cancelled, or being cancelled, and a
@@ -36,10 +37,10 @@ func (e *JobCancelledError) Error() string {
 			was += " (it ended " + string(e.State) + ")"
 		}
 		return fmt.Sprintf("job %s %s: step %s is not run again by a dead-letter retry; "+
-			"`warden job retry %s` runs the job's failed, dead-lettered and cancelled steps again", e.Job, was, e.Step, e.Job)
+			"`warden job retry %s` runs the job's failed, dead-lettered, cancelled and expired steps again", e.Job, was, e.Step, e.Job)
 	}
 	return fmt.Sprintf("job %s is being cancelled: step %s is not run again; "+
-		"once the job has ended, `warden job retry %s` runs its failed, dead-lettered and cancelled steps again", e.Job, e.Step, e.Job)
+		"once the job has ended, `warden job retry %s` runs its failed, dead-lettered, cancelled and expired steps again", e.Job, e.Step, e.Job)
 }
 
 // Unwrap makes errors.Is(err, ErrJobCancelled) and ErrWrongState hold.
@@ -49,8 +50,8 @@ func (e *JobCancelledError) Unwrap() error { return ErrJobCancelled }
 type reopenRequest struct {
 	job string
 	// step is the one step to reopen, in one of the states from. Empty:
-	// every failed, dead-lettered and cancelled step of a finished job (a
-	// job retry).
+	// every failed, dead-lettered, cancelled and expired step of a
+	// finished job (a job retry).
 	step string
 	from []jobstore.StepState
 	// keepCancel refuses a job that ended cancelled too, not only one
@@ -60,18 +61,20 @@ type reopenRequest struct {
 }
 
 // retryable are the step states a job retry reopens.
-var retryable = []jobstore.StepState{jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled}
+var retryable = []jobstore.StepState{jobstore.StepFailed, jobstore.StepDeadLettered, jobstore.StepCancelled, jobstore.StepExpired}
 
-// Reopen puts a dead-lettered, failed or cancelled step back to pending with a fresh
-// attempt budget, and reopens its job and the steps skipped in its wake.
+// Reopen puts a dead-lettered, failed, cancelled or expired step back to
+// pending with a fresh attempt budget and expiry (expiryOnReopen), and
+// reopens its job and the steps skipped in its wake.
 // It refuses a job being cancelled (JobCancelledError).
 func Reopen(ctx context.Context, store *jobstore.Store, jobID, stepID string, now time.Time) error {
 	_, err := reopen(ctx, store, reopenRequest{job: jobID, step: stepID, from: retryable}, now)
 	return err
 }
 
-// RetryJob reopens, in one pass, a finished job's failed, dead-lettered
-// and cancelled steps with a fresh attempt budget, the steps skipped in
+// RetryJob reopens, in one pass, a finished job's failed, dead-lettered,
+// cancelled and expired steps with a fresh attempt budget and expiry
+// (expiryOnReopen), the steps skipped in
 // their wake, and the job; it returns the steps it reopened. A finished
 // job whose only open steps are pending (a retry whose job write failed
 // left them so) has its reopen finished and those returned. Each record is
@@ -128,11 +131,15 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 			case target[st.ID]:
 				st.State, st.Desired, st.Actor, st.LockedUntil, st.FinishedAt = jobstore.StepPending, jobstore.StepSucceeded, "", time.Time{}, time.Time{}
 				st.Attempt, st.ErrorCount, st.Recoveries = 0, 0, 0
+				st.NotBefore, st.ExpiresAt = time.Time{}, expiryOnReopen(job, st, now)
 				st.LastError = "reopened by an operator after: " + st.LastError
 				st.UpdatedAt = now
 				reopened = append(reopened, st)
 			case st.State == jobstore.StepSkipped:
+				// It never ran: its expiry is renewed as a reopened
+				// step's, or it expired when the retried step let it run.
 				st.State, st.FinishedAt, st.LastError, st.UpdatedAt = jobstore.StepPending, time.Time{}, "", now
+				st.NotBefore, st.ExpiresAt = time.Time{}, expiryOnReopen(job, st, now)
 				skipped = append(skipped, st)
 			case st.State.Terminal() && snap.Expiring[st.ID]:
 				// Written as it is (jobstore.StepWrite carries no TTL),
@@ -307,7 +314,37 @@ func pick(snap *jobstore.Snapshot, r reopenRequest, done []string) (targets, str
 		}
 	}
 	if len(targets) == 0 && len(stranded) == 0 && len(done) == 0 {
-		return nil, nil, fmt.Errorf("%w: job %s has no failed, dead-lettered or cancelled step to retry", ErrWrongState, r.job)
+		return nil, nil, fmt.Errorf("%w: job %s has no failed, dead-lettered, cancelled or expired step to retry", ErrWrongState, r.job)
 	}
 	return targets, stranded, nil
+}
+
+// expiryOnReopen is when step st of job, reopened at now, expires if it
+// has not started. A reopen materialises the step again, so the rule is
+// the one it was created by (spec.Job.StepExpiryAt, jobstore.NewSteps)
+// taken from now: the step's ttl (expires_in) and the job's ttl run again
+// from the retry, and an absolute expires_at still ahead is kept. One
+// already past at now is dropped (the retry is an operator's explicit ask
+// to run the step: kept, it expired the step at its first dispatch
+// without running it). A step whose spec gives no expiry had the
+// scheduler's default_task_expiry, whose duration its record does not
+// keep: its window, ExpiresAt less CreatedAt (when NewSteps made it),
+// runs again from now; one without an expiry keeps none.
+func expiryOnReopen(job *jobstore.Job, st *jobstore.Step, now time.Time) time.Time {
+	j := job.Spec // a copy: the past deadlines are dropped from it only
+	i := slices.IndexFunc(j.Steps, func(s spec.Step) bool { return s.ID == st.ID })
+	if i < 0 || j.StepExpiryAt(j.Steps[i], st.CreatedAt).IsZero() {
+		if d := st.ExpiresAt.Sub(st.CreatedAt); !st.ExpiresAt.IsZero() && d > 0 {
+			return now.Add(d)
+		}
+		return time.Time{}
+	}
+	s := j.Steps[i]
+	if j.ExpiresAt != nil && !j.ExpiresAt.After(now) {
+		j.ExpiresAt = nil
+	}
+	if s.ExpiresAt != nil && !s.ExpiresAt.After(now) {
+		s.ExpiresAt = nil
+	}
+	return j.StepExpiryAt(s, now)
 }

@@ -127,7 +127,7 @@ func (e *WaitError) Error() string {
 
 func (e *WaitError) Unwrap() error { return e.Err }
 
-// RetryJob reopens a finished job's failed, dead-lettered and cancelled
+// RetryJob reopens a finished job's failed, dead-lettered, cancelled and expired
 // steps with a fresh attempt budget (and the steps skipped because of them),
 // and asks a scheduler to run them. It is the explicit way to run a
 // cancelled job again (a dead-letter retry refuses to); a job being
