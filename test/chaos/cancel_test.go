@@ -70,6 +70,7 @@ func TestCancelWhileAgentsAreStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tookEffect := time.Now()
 	ran := ledgerLines(t, ledger, "job-frozen") // the cancel has taken effect
 	store, err := jobstore.Open(ctx, js)
 	if err != nil {
@@ -81,6 +82,15 @@ func TestCancelWhileAgentsAreStopped(t *testing.T) {
 		j = got
 		return err == nil && got.State.Terminal()
 	})
+	// The steps as the job ended: none may change once the agents resume.
+	atEnd := map[string]*jobstore.Step{}
+	endSteps, err := store.Steps(ctx, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range endSteps {
+		atEnd[st.ID] = st.Step
+	}
 	resumed := time.Now()
 	for _, a := range agents {
 		_ = a.Signal(syscall.SIGCONT)
@@ -90,7 +100,40 @@ func TestCancelWhileAgentsAreStopped(t *testing.T) {
 	waitFor(t, 30*time.Second, "agents heartbeating after SIGCONT", func() bool {
 		return heartbeatsAfter(js, resumed.Add(2*time.Second)) == 3
 	})
+	// The resumed agents report what they held; give the schedulers time
+	// to apply (and drop) those results, then read the job again.
+	time.Sleep(3 * time.Second)
 	after := ledgerLines(t, ledger, "job-frozen")
+	again, _, err := store.Job(ctx, "job-frozen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.State != jobstore.JobCancelled || !again.FinishedAt.Equal(j.FinishedAt) {
+		t.Errorf("after the agents resumed the job is %s (finished %s), it ended %s (finished %s)",
+			again.State, again.FinishedAt, j.State, j.FinishedAt)
+	}
+	nowSteps, err := store.Steps(ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	succeeded := 0
+	for _, st := range nowSteps {
+		if st.State == jobstore.StepSucceeded {
+			succeeded++
+			if st.FinishedAt.After(tookEffect) {
+				t.Errorf("step %s succeeded at %s, after the cancel took effect at %s (epoch %d on %s)",
+					st.ID, st.FinishedAt.Format(time.RFC3339Nano), tookEffect.Format(time.RFC3339Nano), st.Epoch, st.Actor)
+			}
+		}
+		if prev := atEnd[st.ID]; prev == nil || prev.State != st.State || !prev.FinishedAt.Equal(st.FinishedAt) {
+			was := "missing"
+			if prev != nil {
+				was = string(prev.State)
+			}
+			t.Errorf("step %s changed after the job ended cancelled: %s then, %s now (epoch %d on %s)", st.ID, was, st.State, st.Epoch, st.Actor)
+		}
+	}
+	t.Logf("after the agents resumed: job %s, %d of %d steps succeeded (all before the cancel)", again.State, succeeded, len(nowSteps))
 	t.Logf("cancel: %d pending cancelled, %d running frozen; job %s %s after the cancel began (the frozen steps' leases); %d executions before it took effect, %d after the agents resumed",
 		len(rep.Cancelled), len(rep.Interrupted), j.State, j.FinishedAt.Sub(cancelAt).Round(time.Millisecond), ran, after-ran)
 	if j.State != jobstore.JobCancelled {

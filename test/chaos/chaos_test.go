@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -58,8 +57,12 @@ func TestChaos(t *testing.T) {
 		_, err := js.KeyValue(ctx, protocol.BucketJobs)
 		return err == nil
 	})
-	watch := startSuccessWatch(ctx, t, js)
+	watch := startTransitionWatch(ctx, t, js)
 	defineChaosCluster(ctx, t, js)
+	dups, err := startRepublisher(nc, js, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Submit over the window; a publish that fails (the server is down)
 	// is retried with the same Nats-Msg-Id until a PubAck accepts it.
@@ -99,36 +102,54 @@ func TestChaos(t *testing.T) {
 	}
 	counts := map[string]int{}
 	start := time.Now()
-	natsRestartAt := start.Add(p.chaosFor / 2)
-	natsRestarted := false
+	// Two server restarts, at a third and two thirds of the window: the
+	// first graceful (SIGTERM), the second SIGKILL (same store dir).
+	natsRestarts := []time.Time{start.Add(p.chaosFor / 3), start.Add(2 * p.chaosFor / 3)}
 	next := start.Add(time.Second)
 	agents := []string{"agent-0", "agent-1", "agent-2", "agent-3"}
 	for now := time.Now(); now.Sub(start) < p.chaosFor; now = time.Now() {
 		c.tend(now)
-		if !natsRestarted && now.After(natsRestartAt) {
-			c.restartNATS()
-			natsRestarted = true
-			counts["nats restarts"]++
+		if len(natsRestarts) > 0 && now.After(natsRestarts[0]) {
+			kill := len(natsRestarts) == 1
+			c.restartNATS(kill)
+			natsRestarts = natsRestarts[1:]
+			counts[map[bool]string{false: "nats restarts", true: "nats kills"}[kill]]++
 		}
 		if now.After(next) {
+			// Most kills are short; one in four keeps the process down
+			// 5-10 s, past an agent's lease and the failure threshold, so
+			// that the recovery paths (failover, lease takeover) run.
 			down := time.Duration(300+rnd.IntN(2700)) * time.Millisecond
-			switch roll := rnd.IntN(100); {
-			case roll < 35:
-				if c.kill(agents[rnd.IntN(len(agents))], now, down) {
-					counts["agent kills"]++
+			long := rnd.IntN(4) == 0
+			if long {
+				down = time.Duration(5000+rnd.IntN(5000)) * time.Millisecond
+			}
+			killed := func(kind, name string) {
+				if c.kill(name, now, down) {
+					counts[kind]++
+					if long {
+						counts["long kills"]++
+					}
 				}
-			case roll < 55:
+			}
+			switch roll := rnd.IntN(100); {
+			case roll < 30:
+				killed("agent kills", agents[rnd.IntN(len(agents))])
+			case roll < 45:
 				pause := time.Duration(1000+rnd.IntN(5000)) * time.Millisecond
 				if c.pause(agents[rnd.IntN(len(agents))], now, pause) {
 					counts["agent pauses"]++
 				}
-			case roll < 75:
-				if c.kill("scheduler-"+strconv.Itoa(rnd.IntN(2)), now, down) {
-					counts["scheduler kills"]++
+			case roll < 60:
+				killed("scheduler kills", "scheduler-"+strconv.Itoa(rnd.IntN(2)))
+			case roll < 72:
+				pause := time.Duration(1000+rnd.IntN(7000)) * time.Millisecond
+				if c.pause("scheduler-"+strconv.Itoa(rnd.IntN(2)), now, pause) {
+					counts["scheduler pauses"]++
 				}
-			case roll < 90:
-				if l := c.supervisorLeader(kvGet); l != "" && c.kill(l, now, down) {
-					counts["supervisor leader kills"]++
+			case roll < 87:
+				if l := c.supervisorLeader(kvGet); l != "" {
+					killed("supervisor leader kills", l)
 				}
 			}
 			next = now.Add(time.Duration(500+rnd.IntN(1000)) * time.Millisecond)
@@ -137,6 +158,7 @@ func TestChaos(t *testing.T) {
 	}
 	submitWG.Wait()
 	c.settle()
+	counts["republished results"], counts["republished tasks"] = dups.finish()
 	chaosEnd := time.Now()
 
 	// Drain: every accepted job must reach a terminal state. Poison tasks
@@ -201,9 +223,29 @@ func TestChaos(t *testing.T) {
 	}
 	runs := readLedger(t, c.ledger)
 	executions := map[string]int{} // job.step → runs
+	ranAs := map[string]bool{}     // job.step.epoch.agent → ran
 	for _, r := range runs {
 		executions[r.job+"."+r.step]++
+		ranAs[r.job+"."+r.step+"."+r.epoch+"."+r.agent] = true
 	}
+	// The leader each cluster epoch elected, from cluster_leader_elected
+	// events (Agent is the leader's presence key, <pool>.<agent>).
+	leaderEvents, err := readEvents(ctx, js, protocol.EventClusterLeader)
+	if err != nil {
+		t.Fatalf("read cluster_leader_elected events: %v", err)
+	}
+	epochLeader := map[uint64]string{}
+	for _, e := range leaderEvents {
+		if e.Data["cluster"] != chaosCluster {
+			continue
+		}
+		if n, err := strconv.ParseUint(e.Data["epoch"], 10, 64); err == nil {
+			epochLeader[n] = e.Agent
+		}
+	}
+	finalJobs := map[string]*jobstore.Job{}
+	finalSteps := map[string]*jobstore.Step{}
+	fenced, leaderChecked := 0, 0
 	poisonSteps := map[string]bool{}
 	clusterOwner := map[uint64]string{} // cluster epoch → the member that completed its steps
 	for _, id := range ids {
@@ -224,8 +266,28 @@ func TestChaos(t *testing.T) {
 		} else if want := cmp.Or(jobstore.JobState(j.want), jobstore.JobSucceeded); rec.State != want {
 			t.Errorf("job %s (%s) is %s, want %s: %s", id, j.shape, rec.State, want, describeJob(ctx, store, id))
 		}
+		finalJobs[id] = rec
 		for _, s := range steps {
 			key := id + "." + s.ID
+			finalSteps[key] = s.Step
+			// Fencing, against the ledger: the result that won was
+			// produced by an execution of that very dispatch (epoch) on
+			// that agent.
+			if s.State == jobstore.StepSucceeded && s.LastError != "record expired with the job's retention" {
+				fenced++
+				if !ranAs[key+"."+strconv.FormatUint(s.Epoch, 10)+"."+s.Actor] {
+					t.Errorf("step %s succeeded with epoch %d on %s, but the ledger has no execution of that epoch on that agent: %s",
+						key, s.Epoch, s.Actor, describeJob(ctx, store, id))
+				}
+			}
+			if s.Cluster != "" && s.State == jobstore.StepSucceeded {
+				if l, ok := epochLeader[s.ClusterEpoch]; ok {
+					leaderChecked++
+					if l != s.Actor && !strings.HasSuffix(l, "."+s.Actor) {
+						t.Errorf("cluster step %s completed by %s under cluster epoch %d, whose elected leader was %s", key, s.Actor, s.ClusterEpoch, l)
+					}
+				}
+			}
 			if j.poison == s.ID && s.State != jobstore.StepDeadLettered {
 				t.Errorf("poison step %s is %s, not dead-lettered", key, s.State)
 			}
@@ -241,15 +303,10 @@ func TestChaos(t *testing.T) {
 			}
 		}
 	}
-	for key, n := range watch.successes() {
-		if n > 1 {
-			t.Errorf("step %s went to succeeded %d times (job store watch)", key, n)
-		}
-	}
-	for key, n := range loggedSuccesses(c) {
-		if n > 1 {
-			t.Errorf("step %s went to succeeded %d times (scheduler logs)", key, n)
-		}
+	stepsSeen, jobsSeen := watch.check(t, finalJobs, finalSteps)
+	doubles := 0
+	for _, n := range watch.successes() {
+		doubles += n - 1
 	}
 	q, err := dlq.Open(ctx, nc, js)
 	if err != nil {
@@ -264,8 +321,8 @@ func TestChaos(t *testing.T) {
 		inDLQ[l.JobID+"."+l.StepID]++
 	}
 	for key := range poisonSteps {
-		if inDLQ[key] == 0 {
-			t.Errorf("poison step %s is not in the dead-letter stream", key)
+		if inDLQ[key] != 1 {
+			t.Errorf("poison step %s has %d letters in the dead-letter stream, want 1", key, inDLQ[key])
 		}
 	}
 	for key, n := range inDLQ {
@@ -290,7 +347,15 @@ func TestChaos(t *testing.T) {
 		duplicates += n - 1
 	}
 	failovers, transferred := 0, 0
-	for _, e := range readEvents(ctx, js, "failover") {
+	failoverEvents, err := readEvents(ctx, js, protocol.EventFailover)
+	if err != nil {
+		t.Fatalf("read failover events: %v", err)
+	}
+	stale, err := readEvents(ctx, js, protocol.EventStaleResult)
+	if err != nil {
+		t.Fatalf("read stale_result events: %v", err)
+	}
+	for _, e := range failoverEvents {
 		if e.Data["outcome"] != "nothing_to_move" {
 			failovers++
 		}
@@ -301,12 +366,29 @@ func TestChaos(t *testing.T) {
 	for _, r := range c.roles {
 		restarts += r.restarts
 	}
-	t.Logf("seed %d: %d jobs accepted (%d poison), %d agent kills, %d agent pauses, %d scheduler kills, %d supervisor leader kills, %d nats restarts, %d process restarts",
-		seed, len(ids), len(poisonSteps), counts["agent kills"], counts["agent pauses"], counts["scheduler kills"],
-		counts["supervisor leader kills"], counts["nats restarts"], restarts)
+	t.Logf("seed %d: %d jobs accepted (%d poison), %d agent kills, %d agent pauses, %d scheduler kills, %d scheduler pauses, %d supervisor leader kills (%d kills of 5-10 s), %d nats restarts, %d nats kills, %d results and %d tasks republished, %d process restarts",
+		seed, len(ids), len(poisonSteps), counts["agent kills"], counts["agent pauses"], counts["scheduler kills"], counts["scheduler pauses"],
+		counts["supervisor leader kills"], counts["long kills"], counts["nats restarts"], counts["nats kills"],
+		counts["republished results"], counts["republished tasks"], restarts)
 	t.Logf("seed %d: %d failovers, %d tasks transferred, %d executions of %d steps (%d duplicate), %d stale results dropped, %d dead letters, drained %s after the faults stopped",
 		seed, failovers, transferred, len(runs), len(executions), duplicates,
-		len(readEvents(ctx, js, protocol.EventStaleResult)), len(letters), drained.Round(time.Millisecond))
+		len(stale), len(letters), drained.Round(time.Millisecond))
+	t.Logf("seed %d: job store watch saw %d succeeded steps and %d terminal jobs in their final state, %d double successes; %d successes fenced against the ledger, %d cluster steps checked against their epoch's elected leader (%d leader events)",
+		seed, stepsSeen, jobsSeen, doubles, fenced, leaderChecked, len(leaderEvents))
+	if *fullFlag {
+		for _, kind := range []string{"agent kills", "agent pauses", "scheduler kills", "scheduler pauses", "supervisor leader kills",
+			"long kills", "nats restarts", "nats kills", "republished results", "republished tasks"} {
+			if counts[kind] == 0 {
+				t.Errorf("seed %d: no %s happened: the full run must exercise every fault", seed, kind)
+			}
+		}
+		if failovers == 0 {
+			t.Errorf("seed %d: no failover happened: the recovery path did not run", seed)
+		}
+		if len(stale) == 0 {
+			t.Errorf("seed %d: no stale result was dropped although %d results were republished", seed, counts["republished results"])
+		}
+	}
 	t.Logf("seed %d: shapes %v; %d sagas compensated in reverse order", seed, shapes, sagas)
 	again := rerunsOfOneDispatch(runs, poisonSteps)
 	t.Logf("seed %d: of the %d duplicate executions, %d ran a dispatch again on the agent that already ran it (%d of a poison step; %d others after the agent restarted, %d in the same agent process), %d on another agent; %d were new dispatches (retries, failover moves, poison)",
@@ -462,89 +544,8 @@ func readLedger(t *testing.T, path string) []ledgerRun {
 	return out
 }
 
-func readEvents(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind) []protocol.Event {
-	evs, _ := events.List(ctx, js, kind, 0)
-	return evs
-}
-
-// loggedSuccesses counts "step succeeded" lines, which a scheduler logs
-// after its CAS write to succeeded won, across every scheduler process that
-// ever ran.
-func loggedSuccesses(c *cluster) map[string]int {
-	out := map[string]int{}
-	for _, name := range []string{"scheduler-0", "scheduler-1"} {
-		for _, p := range c.roles[name].history {
-			sc := bufio.NewScanner(strings.NewReader(p.Output()))
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				var line struct {
-					Message string `json:"message"`
-					Job     string `json:"job_id"`
-					Step    string `json:"step_id"`
-				}
-				if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "step succeeded" {
-					out[line.Job+"."+line.Step]++
-				}
-			}
-		}
-	}
-	return out
-}
-
-// successWatch follows the job store and counts, per step, the revisions at
-// which it entered succeeded.
-type successWatch struct {
-	mu    sync.Mutex
-	state map[string]jobstore.StepState
-	rev   map[string]uint64
-	count map[string]int
-}
-
-func startSuccessWatch(ctx context.Context, t *testing.T, js jetstream.JetStream) *successWatch {
-	w := &successWatch{state: map[string]jobstore.StepState{}, rev: map[string]uint64{}, count: map[string]int{}}
-	kv, _ := waitKV(ctx, t, js, protocol.BucketJobs)
-	watcher, err := kv.Watch(ctx, "step.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer func() { _ = watcher.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-watcher.Updates():
-				if !ok {
-					return
-				}
-				if e == nil || e.Operation() != jetstream.KeyValuePut {
-					continue
-				}
-				var st jobstore.Step
-				if json.Unmarshal(e.Value(), &st) != nil {
-					continue
-				}
-				key := st.JobID + "." + st.ID
-				w.mu.Lock()
-				if e.Revision() > w.rev[key] {
-					if st.State == jobstore.StepSucceeded && w.state[key] != jobstore.StepSucceeded {
-						w.count[key]++
-					}
-					w.state[key], w.rev[key] = st.State, e.Revision()
-				}
-				w.mu.Unlock()
-			}
-		}
-	}()
-	return w
-}
-
-func (w *successWatch) successes() map[string]int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make(map[string]int, len(w.count))
-	for k, v := range w.count {
-		out[k] = v
-	}
-	return out
+// readEvents lists the stored events of a kind; an error is the caller's to
+// fail on: a count read as 0 because the read failed proves nothing.
+func readEvents(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind) ([]protocol.Event, error) {
+	return events.List(ctx, js, kind, 0)
 }

@@ -102,9 +102,15 @@ func (c *cluster) startNATS() {
 	}
 }
 
-// restartNATS stops the server gracefully and starts it on the same port
-// and store; every process reconnects by itself.
-func (c *cluster) restartNATS() {
+// restartNATS stops the server — gracefully, or with SIGKILL when kill is
+// set — and starts it on the same port and store; every process reconnects
+// by itself.
+func (c *cluster) restartNATS(kill bool) {
+	if kill {
+		c.nats.Kill()
+		c.startNATS()
+		return
+	}
 	_ = c.nats.Signal(syscall.SIGTERM)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()

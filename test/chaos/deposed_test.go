@@ -50,11 +50,18 @@ func TestDeposedLeaderDuplicatesNothing(t *testing.T) {
 		return len(eventsOf(t, js, protocol.EventAgentFailed)) >= 1
 	})
 	_ = sups[leader].Signal(syscall.SIGCONT)
-	// The old leader notices at its next renewal that the lease is gone.
-	waitFor(t, 30*time.Second, "the old leader steps down", func() bool {
+	// The old leader notices at its next renewal that the lease is gone,
+	// logs "stepping down", stops its leading goroutine and campaigns
+	// again: "standing by" after "stepping down" (one before it is the
+	// startup campaign) says the old leader has stopped publishing.
+	waitFor(t, 30*time.Second, "the old leader steps down and stands by", func() bool {
 		out := sups[leader].Output()
-		return strings.Contains(out, "stepping down") || strings.Contains(out, "standing by")
+		i := strings.Index(out, "stepping down")
+		return i >= 0 && strings.Contains(out[i:], "standing by")
 	})
+	// Anything the old leader published on its way out is stored by now;
+	// give it a few more seconds anyway before counting.
+	time.Sleep(3 * time.Second)
 	failed := eventsOf(t, js, protocol.EventAgentFailed)
 	failovers := eventsOf(t, js, protocol.EventFailover)
 	t.Logf("%s frozen, %s took over; after %s resumed: %d agent_failed, %d failover events", leader, standby, leader, len(failed), len(failovers))
