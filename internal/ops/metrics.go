@@ -203,11 +203,11 @@ func NewFeed(o *Ops, r prometheus.Registerer, log zerolog.Logger) *Feed {
 			Help:    "From a job's acceptance to the dispatch of its first step (the step starts on its agent at once).",
 			Buckets: []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}),
 		healingActions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_healing_actions_total",
-			Help: "Self-healing actions taken, by type (deprioritise, reduce_load, drain, failover, restore)."}, []string{"type"}),
+			Help: "Self-healing actions taken, by type (deprioritise, reduce_load, drain, failover, restore, readmit_excluded, request_agents; other for anything else)."}, []string{"type"}),
 		failoverDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "warden_failover_duration_seconds",
 			Help: "How long agent failovers took, from detection to the last task moved.", Buckets: prometheus.ExponentialBuckets(0.01, 2.5, 10)}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_retries_total",
-			Help: "Steps dispatched again after their agent lost them, by reason (lease expired, agent failed, ...); handler retries are warden_results_applied_total{status=\"failed\"}."}, []string{"reason"}),
+			Help: "Steps dispatched again after their agent lost them, by reason (lease_expired, transferred; other for anything else); handler retries are warden_results_applied_total{status=\"failed\"}."}, []string{"reason"}),
 	}
 	r.MustRegister(f.queueLatency, f.healingActions, f.failoverDuration, f.retries)
 	// Present from the first scrape, at zero.
@@ -221,8 +221,11 @@ const (
 	feedRetryMax   = 30 * time.Second
 )
 
-// Run counts until ctx ends: the events stored so far and every new one,
-// and new job-store writes. A feed that fails (at start: its stream is not
+// Run counts until ctx ends: the events stored from its start on, and new
+// job-store writes. Events stored before are not counted: they were
+// counted by the process that saw them, and counting them again at each
+// start made the counters of a restarted API fall (once old events aged
+// out of the stream) or jump (history counted as new by increase()). A feed that fails (at start: its stream is not
 // there yet; later: NATS went away) is logged at once and started again
 // after a backoff, from where it stopped, while the other goes on: before,
 // its error waited for the other feed to end at shutdown, and the healing
@@ -230,7 +233,9 @@ const (
 // ctx ends.
 func (f *Feed) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	ev, jobs := &eventsFeed{f: f}, &jobsFeed{f: f, created: map[string]time.Time{}}
+	started := time.Now()
+	ev := &eventsFeed{f: f, started: started}
+	jobs := &jobsFeed{f: f, started: started, created: map[string]time.Time{}, dispatched: map[string]struct{}{}}
 	for name, run := range map[string]func(context.Context) error{"events": ev.run, "jobs": jobs.run} {
 		wg.Add(1)
 		go func() {
@@ -264,11 +269,52 @@ func (f *Feed) keep(ctx context.Context, name string, run func(context.Context) 
 }
 
 // eventsFeed counts healing actions, failover durations and retries from
-// WARDEN_EVENTS; after a restart it goes on after the last event it
-// counted, so nothing is counted twice.
+// WARDEN_EVENTS: the events stored from the feed's start on; after a
+// restart it goes on after the last event it counted, so nothing is
+// counted twice.
+//
+// The kind is the subject's <kind> token, which the publisher's
+// permissions are checked against, not the body's: cluster members may
+// publish warden.event.healing.* (internal/creds), and a body claiming
+// another kind is ignored. Label values outside the sets the code
+// publishes are counted as "other", so a publisher cannot grow a label
+// without bound.
 type eventsFeed struct {
-	f    *Feed
-	last uint64 // stream sequence of the last event counted
+	f       *Feed
+	started time.Time
+	last    uint64 // stream sequence of the last event counted
+}
+
+// healingActions are the data.action values of healing events: the
+// supervisor's (internal/supervisor: deprioritise, reduce_load, drain,
+// failover, restore) and a cluster leader's (internal/cluster:
+// readmit_excluded, request_agents).
+var healingActions = map[string]bool{
+	"deprioritise": true, "reduce_load": true, "drain": true, "failover": true, "restore": true,
+	"readmit_excluded": true, "request_agents": true,
+}
+
+// recoveredStatuses are the data.status values of step_recovered events
+// (internal/supervisor/release.go).
+var recoveredStatuses = map[string]bool{"lease_expired": true, "transferred": true}
+
+// known returns v when set holds it, else "other".
+func known(set map[string]bool, v string) string {
+	if set[v] {
+		return v
+	}
+	return "other"
+}
+
+// eventKind returns the <kind> token of an event subject,
+// warden.event.<kind>.<id>.
+func eventKind(subject string) protocol.EventKind {
+	rest, ok := strings.CutPrefix(subject, protocol.SubjectEventPrefix+".")
+	if !ok {
+		return ""
+	}
+	kind, _, _ := strings.Cut(rest, ".")
+	return protocol.EventKind(kind)
 }
 
 func (e *eventsFeed) run(ctx context.Context) error {
@@ -278,8 +324,9 @@ func (e *eventsFeed) run(ctx context.Context) error {
 	for _, k := range kinds {
 		filters = append(filters, protocol.EventSubject(k, ">"))
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &e.started}
 	if e.last > 0 {
+		cfg.OptStartTime = nil
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, e.last+1
 	}
 	cons, err := f.o.js.OrderedConsumer(ctx, protocol.StreamEvents, cfg)
@@ -294,21 +341,21 @@ func (e *eventsFeed) run(ctx context.Context) error {
 		if json.Unmarshal(m.Data(), &ev) != nil {
 			return
 		}
-		switch ev.Kind {
+		kind := eventKind(m.Subject())
+		if ev.Kind != kind {
+			return // a body that claims another kind than its subject's
+		}
+		switch kind {
 		case protocol.EventHealing:
 			if a := ev.Data["action"]; a != "" {
-				f.healingActions.WithLabelValues(a).Inc()
+				f.healingActions.WithLabelValues(known(healingActions, a)).Inc()
 			}
 		case protocol.EventFailover:
 			if d, err := time.ParseDuration(ev.Data["duration"]); err == nil {
 				f.failoverDuration.Observe(d.Seconds())
 			}
 		case protocol.EventStepRecovered:
-			reason := ev.Data["status"]
-			if reason == "" {
-				reason = firstWord(ev.Reason)
-			}
-			f.retries.WithLabelValues(reason).Inc()
+			f.retries.WithLabelValues(known(recoveredStatuses, ev.Data["status"])).Inc()
 		}
 	})
 }
@@ -318,10 +365,20 @@ func (e *eventsFeed) run(ctx context.Context) error {
 // Warden-Locked-Until (job record for inline steps, step record otherwise).
 // It starts with the writes after its start, and after a restart goes on
 // after the last write it read.
+//
+// A job whose first step is dispatched in the turn that accepts it (a
+// single-step job, mostly) has a first write that already carries the
+// lease: its latency is observed at once, from that write, when the job
+// was created after the feed started (else the feed missed its acceptance
+// and the job's age is not a queue latency). Before, such jobs were never
+// observed. A job observed is remembered until it ends, so that the
+// dispatch of a later step is not taken for a first one.
 type jobsFeed struct {
-	f       *Feed
-	last    uint64
-	created map[string]time.Time // jobs not yet dispatched
+	f          *Feed
+	started    time.Time
+	last       uint64
+	created    map[string]time.Time // jobs not yet dispatched
+	dispatched map[string]struct{}  // jobs observed, not yet ended
 }
 
 func (jf *jobsFeed) run(ctx context.Context) error {
@@ -335,7 +392,12 @@ func (jf *jobsFeed) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	created := jf.created
+	created, dispatched := jf.created, jf.dispatched
+	observe := func(job string, c time.Time, md *jetstream.MsgMetadata) {
+		delete(created, job)
+		dispatched[job] = struct{}{}
+		f.queueLatency.Observe(max(md.Timestamp.Sub(c).Seconds(), 0))
+	}
 	return each(ctx, cons, func(m jetstream.Msg) {
 		md, mdErr := m.Metadata()
 		if mdErr == nil {
@@ -347,27 +409,31 @@ func (jf *jobsFeed) run(ctx context.Context) error {
 			return
 		}
 		job := parts[1]
+		locked := h.Get(protocol.HeaderRecordLockedUntil) != ""
 		if parts[0] == "job" {
 			state := h.Get(protocol.HeaderRecordState)
-			if jobstore.JobState(state).Terminal() { // expired and compensated too: kept, they leaked
+			if jobstore.JobState(state).Terminal() || jobstore.Removed(h) { // expired and compensated too: kept, they leaked
 				delete(created, job)
+				delete(dispatched, job)
 				return
 			}
-			if c, err := time.Parse(time.RFC3339Nano, h.Get(protocol.HeaderRecordCreated)); err == nil {
-				if _, seen := created[job]; !seen && h.Get(protocol.HeaderRecordLockedUntil) == "" {
+			_, waiting := created[job]
+			_, done := dispatched[job]
+			if c, err := time.Parse(time.RFC3339Nano, h.Get(protocol.HeaderRecordCreated)); err == nil && !waiting && !done {
+				switch {
+				case !locked:
 					created[job] = c
-					return
+				case mdErr == nil && !c.Before(jf.started):
+					observe(job, c, md) // dispatched in the turn that accepted it
 				}
+				return
 			}
 		}
 		c, waiting := created[job]
-		if !waiting || h.Get(protocol.HeaderRecordLockedUntil) == "" {
+		if !waiting || !locked || mdErr != nil {
 			return
 		}
-		delete(created, job)
-		if mdErr == nil {
-			f.queueLatency.Observe(max(md.Timestamp.Sub(c).Seconds(), 0))
-		}
+		observe(job, c, md)
 	})
 }
 
@@ -391,13 +457,4 @@ func each(ctx context.Context, cons jetstream.Consumer, f func(jetstream.Msg)) e
 		}
 		f(m)
 	}
-}
-
-func firstWord(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), " ")
-	s, _, _ = strings.Cut(s, ":")
-	if s == "" {
-		return "unknown"
-	}
-	return s
 }

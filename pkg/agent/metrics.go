@@ -23,13 +23,14 @@ func (a *Agent) MetricsHandler() http.Handler {
 			{"warden_agent_tasks_in_flight", "gauge", "Tasks held now, running or being settled.", float64(s.InFlight)},
 			{"warden_agent_handlers_abandoned", "gauge", "Handlers that ignored cancellation and still run, each holding its slot.", float64(s.Abandoned)},
 			{"warden_agent_max_concurrent", "gauge", "Configured max_concurrent.", float64(a.cfg.MaxConcurrent)},
+			{"warden_agent_concurrency_limit", "gauge", "Tasks the agent runs at once now: max_concurrent, or less after a limit request (self-healing's reduce_load); the heartbeat's max_concurrent.", float64(a.limit.Load())},
 			{"warden_agent_results_succeeded_total", "counter", "Results reported as succeeded.", float64(s.Succeeded)},
 			{"warden_agent_results_failed_total", "counter", "Results reported as failed.", float64(s.Failed)},
 			{"warden_agent_lease_lost_total", "counter", "Tasks abandoned because the lease was not confirmed.", float64(s.LeaseLost)},
 			{"warden_agent_tasks_rejected_total", "counter", "Task messages that could not be decoded.", float64(s.Rejected)},
 			{"warden_agent_tasks_expired_total", "counter", "Tasks not run or not reported because their deadline passed.", float64(s.Expired)},
 			{"warden_agent_tasks_handed_back_total", "counter", "Tasks handed back at shutdown.", float64(s.HandedBack)},
-			{"warden_agent_draining", "gauge", "1 while the agent drains.", boolFloat(a.draining.Load())},
+			{"warden_agent_draining", "gauge", "1 while the agent takes no new tasks: shutting down, or drained by an operator or self-healing (as its heartbeat says).", boolFloat(a.draining.Load() || a.held.Load())},
 		} {
 			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %g\n", m.name, m.help, m.name, m.kind, m.name, labels, m.value)
 		}
