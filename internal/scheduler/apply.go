@@ -118,7 +118,8 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 			jt.events = append(jt.events, outEvent{Event: ev, dedup: "end"})
 		}
 		jt.finished = true
-		w.s.metrics.JobFinished(string(js.job.State))
+		state := string(js.job.State)
+		jt.count(-1, func(m Metrics) { m.JobFinished(state) })
 		w.s.logFinished(js.job)
 	}
 	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)

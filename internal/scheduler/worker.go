@@ -319,6 +319,10 @@ type jobTurn struct {
 	// controls are cancel orders to agents, sent after the writes.
 	controls []control
 	replies  []reply
+	// counts are the turn's metric increments, made in finish once what
+	// they count is stored: counted as decided, a lost CAS counted them
+	// again with every retry.
+	counts []count
 
 	w1, w2 []jobstore.Write
 	i1, i2 []int
@@ -356,6 +360,38 @@ type task struct {
 	idx       int
 	msg       *nats.Msg
 	republish bool
+}
+
+// count is one metric increment of a turn. write is the record it
+// counts: a step's index, -1 the job record, or noWrite (a refusal: it
+// stands once the turn's inputs are settled).
+type count struct {
+	write int
+	inc   func(Metrics)
+}
+
+const noWrite = -2
+
+// count adds a metric increment, made in finish if the turn's writes
+// landed, or in retry if its record did (the retry re-reads it and does
+// not count again).
+func (jt *jobTurn) count(write int, inc func(Metrics)) {
+	jt.counts = append(jt.counts, count{write, inc})
+}
+
+// countLanded makes the turn's increments: all of them (all, the writes
+// landed), or those whose record landed.
+func (w *worker) countLanded(jt *jobTurn, all bool) {
+	for _, c := range jt.counts {
+		wr := c.write
+		if wr >= 0 && jt.js != nil && jt.js.job.Inline {
+			wr = -1 // an inline job's steps are in its record
+		}
+		if all || (wr != noWrite && jt.landed[wr]) {
+			c.inc(w.s.metrics)
+		}
+	}
+	jt.counts = nil
 }
 
 type settlement struct {
@@ -595,6 +631,7 @@ func (w *worker) finish(jt *jobTurn) {
 		w.retry(jt)
 		return
 	}
+	w.countLanded(jt, true)
 	w.freeGates(jt)
 	if jt.finished || jt.gone || (jt.js != nil && jt.js.job.State.Terminal()) {
 		delete(w.cache, jt.id)
@@ -674,6 +711,7 @@ func (w *worker) finish(jt *jobTurn) {
 // inputs back to be applied to a fresh read; after maxTries it hands the
 // messages back to the stream.
 func (w *worker) retry(jt *jobTurn) {
+	w.countLanded(jt, false)
 	w.freeGates(jt) // the steps whose records landed
 	w.releaseAdmitted(jt)
 	delete(w.cache, jt.id)
