@@ -74,8 +74,9 @@ chaos:
 		test $${PIPESTATUS[0]} -eq 0; \
 	done
 
+# Not .warden/secrets: `make creds` keeps the deployment's keys there.
 clean:
-	rm -rf $(BIN) .warden
+	rm -rf $(BIN) .warden/config .warden/jetstream
 
 # Credentials for docker-compose.yml (docs/security.md): operator, accounts,
 # one NATS identity per role and per agent, the server config, and a CA and

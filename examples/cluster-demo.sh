@@ -11,7 +11,10 @@ export PATH="$BIN:$PATH" NATS_URL=nats://127.0.0.1:4222
 DATA=$(mktemp -d)
 warden dev --data "$DATA" --agents 1 >"$DATA/dev.log" 2>&1 &
 DEV=$!
-trap 'kill $A1 $A2 $A3 2>/dev/null; kill $DEV; wait; rm -rf "$BIN" "$DATA"' EXIT
+# Under set -e a failing kill (the leader is already gone after its kill
+# -9) ended the clean-up there and left warden dev and its data running.
+A1= A2= A3=
+trap 'kill $A1 $A2 $A3 2>/dev/null || true; kill $DEV 2>/dev/null || true; wait; rm -rf "$BIN" "$DATA"' EXIT
 until warden cluster ls >/dev/null 2>&1; do sleep 0.2; done
 
 warden cluster create -f examples/cluster-prod-docker.yaml

@@ -24,7 +24,7 @@ func (d *devRun) banner(env Env) {
 		"  Submit a job and follow it:  "+warden+" submit -f examples/deploy.yaml --wait",
 		"  Inspect:                     "+warden+" jobs ls | "+warden+" job show <id> | "+warden+" agents ls",
 		"  Raw NATS (nats CLI):         nats kv ls warden_jobs | nats stream ls | nats kv watch warden_jobs",
-		"  Data:                        "+env.DataDir+" (delete it to start afresh)",
+		"  Data:                        "+env.DataDir+" (delete its config/ and jetstream/ to start afresh; never secrets/)",
 	)
 	var metrics []string
 	for _, p := range env.Processes {
