@@ -2,10 +2,8 @@ package supervisor_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -51,37 +49,12 @@ func TestShippedConfigIsTheDefaults(t *testing.T) {
 }
 
 // shippedSupervisorConfigDiff says how the file at path falls short of
-// naming every setting with its default; "" when it does not.
+// naming every setting with its default (config.ShippedDiff); the file
+// leaves id random.
 func shippedSupervisorConfigDiff(path string) string {
-	var cfg supervisor.Config
-	if err := config.Load(path, &cfg); err != nil {
-		return err.Error()
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keys map[string]any
-	if err := yaml.Unmarshal(raw, &keys); err != nil {
-		return err.Error()
-	}
-	var diffs []string
-	typ := reflect.TypeOf(cfg)
-	for i := range typ.NumField() {
-		key, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
-		if _, ok := keys[key]; key != "" && key != "-" && !ok {
-			diffs = append(diffs, "no key "+key)
-		}
-	}
 	want := supervisor.DefaultConfig()
-	if cfg.ID != "" {
-		diffs = append(diffs, fmt.Sprintf("id %q, want \"\" (random)", cfg.ID))
-	}
-	cfg.ID = want.ID // random by default
-	if !reflect.DeepEqual(cfg, want) {
-		diffs = append(diffs, fmt.Sprintf("\n got %+v\nwant %+v", cfg, want))
-	}
-	return strings.Join(diffs, "; ")
+	want.ID = ""
+	return config.ShippedDiff(path, &supervisor.Config{}, want)
 }
 
 // configs/supervisor.yaml and docs/protocol.md say a negative

@@ -2,15 +2,11 @@ package agent_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/pkg/agent"
@@ -89,80 +85,9 @@ func TestShippedConfigIsTheDefaults(t *testing.T) {
 }
 
 // shippedAgentConfigDiff says how the config file at path differs from the
-// defaults: a key it leaves out, or a value that is not the default. ""
-// when it has every key, each with its default.
+// defaults (config.ShippedDiff); the file leaves id to the host name.
 func shippedAgentConfigDiff(path string) string {
-	var got agent.Config
-	if err := config.Load(path, &got); err != nil {
-		return err.Error()
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keys map[string]any
-	if err := yaml.Unmarshal(raw, &keys); err != nil {
-		return err.Error()
-	}
-	var diffs []string
-	missingKeys(reflect.TypeOf(got), keys, "", &diffs)
 	want := agent.DefaultConfig()
-	if got.ID != "" {
-		diffs = append(diffs, fmt.Sprintf("id %q, want \"\" (the host name)", got.ID))
-	}
-	got.ID = want.ID // the file leaves id to the host name
-	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
-	for i := range gv.NumField() {
-		g, w := emptyAsNil(gv.Field(i)), emptyAsNil(wv.Field(i))
-		if !reflect.DeepEqual(g, w) {
-			diffs = append(diffs, fmt.Sprintf("%s = %+v, want %+v", gv.Type().Field(i).Name, g, w))
-		}
-	}
-	return strings.Join(diffs, "; ")
-}
-
-// missingKeys appends, for each yaml key of struct type typ not in m, that
-// it is missing; nested structs are checked against their own mappings.
-func missingKeys(typ reflect.Type, m map[string]any, prefix string, diffs *[]string) {
-	for i := range typ.NumField() {
-		f := typ.Field(i)
-		key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if key == "" || key == "-" {
-			continue
-		}
-		v, ok := m[key]
-		if !ok {
-			*diffs = append(*diffs, "no key "+prefix+key)
-			continue
-		}
-		if f.Type.Kind() == reflect.Struct {
-			sub, _ := v.(map[string]any)
-			missingKeys(f.Type, sub, prefix+key+".", diffs)
-		}
-	}
-}
-
-// emptyAsNil returns v's value with empty slices and maps, at any depth of
-// structs, made nil: "[]" in the file and an unset default mean the same.
-func emptyAsNil(v reflect.Value) any {
-	return normalizeEmpty(v).Interface()
-}
-
-func normalizeEmpty(v reflect.Value) reflect.Value {
-	switch v.Kind() {
-	case reflect.Slice, reflect.Map:
-		if v.Len() == 0 {
-			return reflect.Zero(v.Type())
-		}
-	case reflect.Struct:
-		out := reflect.New(v.Type()).Elem()
-		out.Set(v)
-		for i := range v.NumField() {
-			if out.Field(i).CanSet() {
-				out.Field(i).Set(normalizeEmpty(v.Field(i)))
-			}
-		}
-		return out
-	}
-	return v
+	want.ID = ""
+	return config.ShippedDiff(path, &agent.Config{}, want)
 }
