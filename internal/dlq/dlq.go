@@ -74,13 +74,8 @@ type Letter struct {
 // operators, the HTTP API and the readonly identity read.
 func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 	h := raw.Header
-	l := Letter{
-		ID: raw.Sequence, Subject: raw.Subject, Time: raw.Time,
-		JobID: h.Get(protocol.HeaderJob), StepID: h.Get(protocol.HeaderStep), Epoch: h.Get(protocol.HeaderEpoch),
-		Reason: h.Get(protocol.HeaderDLQReason), Detail: h.Get(protocol.HeaderDLQDetail),
-		Deliveries: h.Get(protocol.HeaderDLQDeliveries), LastError: h.Get(protocol.HeaderDLQLastError),
-		Headers: make(map[string][]string, len(h)),
-	}
+	l := Letter{ID: raw.Sequence, Subject: raw.Subject, Time: raw.Time, Headers: make(map[string][]string, len(h))}
+	l.JobID, l.StepID, l.Epoch, l.Reason, l.Detail, l.Deliveries, l.LastError = fields(h)
 	for k, v := range h {
 		if !strings.EqualFold(k, protocol.HeaderToken) {
 			l.Headers[k] = v
@@ -93,6 +88,13 @@ func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 		l.Payload = b
 	}
 	return l
+}
+
+// fields reads what a letter's headers say about it: its job, step and
+// epoch, and why, how and after how many deliveries it was parked.
+func fields(h nats.Header) (job, step, epoch, reason, detail, deliveries, lastError string) {
+	return h.Get(protocol.HeaderJob), h.Get(protocol.HeaderStep), h.Get(protocol.HeaderEpoch), h.Get(protocol.HeaderDLQReason),
+		h.Get(protocol.HeaderDLQDetail), h.Get(protocol.HeaderDLQDeliveries), h.Get(protocol.HeaderDLQLastError)
 }
 
 // withoutToken returns the JSON document data less the top-level members

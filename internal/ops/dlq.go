@@ -2,120 +2,19 @@ package ops
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"math"
-	"strconv"
-	"time"
-	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/internal/dlq"
 )
 
 // MaxLetterPage is the most dead letters one DeadLetterPage returns.
-const MaxLetterPage = 1000
+const MaxLetterPage = dlq.MaxPage
 
-// maxSummaryText bounds a summary's detail and last error, in bytes.
-const maxSummaryText = 512
-
-// LetterSummary is a dead letter without its task: what a listing shows.
-// A letter is a copy of a task and may be as large as a NATS message; its
-// headers and payload come with the letter itself (DeadLetter, GET
-// /queues/dead-letters/{id}).
-type LetterSummary struct {
-	ID         uint64    `json:"id"`
-	Subject    string    `json:"subject"`
-	Time       time.Time `json:"time"`
-	JobID      string    `json:"job_id"`
-	StepID     string    `json:"step_id"`
-	Epoch      string    `json:"epoch"`
-	Reason     string    `json:"reason"`
-	Detail     string    `json:"detail"`
-	Deliveries string    `json:"deliveries"`
-	// LastError is the step's last error, cut to 512 bytes (… marks a cut).
-	LastError string `json:"last_error,omitempty"`
-	// Size is the stored payload's size in bytes.
-	Size int `json:"size"`
-}
-
-// DeadLetterPage lists up to limit dead letters (0, or more than
-// MaxLetterPage: MaxLetterPage) whose id is above after, oldest first, as
-// summaries. A page shorter than limit is the last; the next page starts
-// after the last id of this one.
-//
-// It reads headers only, through a consumer it deletes after: a page costs
-// its summaries, not its letters' payloads.
-func (o *Ops) DeadLetterPage(ctx context.Context, after uint64, limit int) ([]LetterSummary, error) {
-	out := []LetterSummary{}
-	if limit <= 0 || limit > MaxLetterPage {
-		limit = MaxLetterPage
-	}
-	if after == math.MaxUint64 {
-		return out, nil
-	}
-	s, err := o.js.Stream(ctx, protocol.StreamDLQ)
+// DeadLetterPage lists up to limit dead letters whose id is above after,
+// oldest first, as summaries (dlq.Queue.Page).
+func (o *Ops) DeadLetterPage(ctx context.Context, after uint64, limit int) ([]dlq.Summary, error) {
+	q, err := o.dlq(ctx)
 	if err != nil {
-		return nil, &Error{Code: CodeUnavailable, Err: fmt.Errorf("open %s: %w", protocol.StreamDLQ, err)}
+		return nil, err
 	}
-	if st := s.CachedInfo().State; st.Msgs == 0 || st.LastSeq <= after {
-		return out, nil
-	}
-	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: after + 1,
-		FilterSubject: protocol.SubjectDLQPrefix + ".>",
-		AckPolicy:     jetstream.AckNonePolicy, HeadersOnly: true,
-		Replicas: 1, MemoryStorage: true,
-		// Deleted below; this removes it if the delete is lost.
-		InactiveThreshold: 30 * time.Second,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
-	}()
-	batch, err := cons.FetchNoWait(limit)
-	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
-	for m := range batch.Messages() {
-		out = append(out, summary(m))
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-		return nil, fmt.Errorf("read dead letters: %w", err)
-	}
-	return out, nil
-}
-
-// summary reads a letter delivered headers only.
-func summary(m jetstream.Msg) LetterSummary {
-	h := m.Headers()
-	l := LetterSummary{
-		Subject: m.Subject(),
-		JobID:   h.Get(protocol.HeaderJob), StepID: h.Get(protocol.HeaderStep), Epoch: h.Get(protocol.HeaderEpoch),
-		Reason: h.Get(protocol.HeaderDLQReason), Detail: cut(h.Get(protocol.HeaderDLQDetail), maxSummaryText),
-		Deliveries: h.Get(protocol.HeaderDLQDeliveries), LastError: cut(h.Get(protocol.HeaderDLQLastError), maxSummaryText),
-	}
-	if md, err := m.Metadata(); err == nil {
-		l.ID, l.Time = md.Sequence.Stream, md.Timestamp
-	}
-	l.Size, _ = strconv.Atoi(h.Get(nats.MsgSize))
-	return l
-}
-
-// cut shortens s to at most n bytes, on a rune boundary, marking the cut
-// with an ellipsis.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return q.Page(ctx, after, limit)
 }
