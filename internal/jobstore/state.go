@@ -158,11 +158,7 @@ func (s *Step) Release(status, reason string, suspect bool, now time.Time) error
 	if s.State != StepDispatched {
 		return fmt.Errorf("release step %s.%s: state is %s, not dispatched", s.JobID, s.ID, s.State)
 	}
-	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch {
-		s.Attempts[n-1].Status = status
-		s.Attempts[n-1].Error = reason
-		s.Attempts[n-1].FinishedAt = now
-	}
+	s.endAttempt(status, reason, now)
 	if status == "transferred" {
 		s.TransferredFrom = s.Actor
 	}
@@ -180,9 +176,24 @@ func (s *Step) Release(status, reason string, suspect bool, now time.Time) error
 	return nil
 }
 
+// endAttempt ends the current dispatch's attempt (the latest, if it is
+// the current epoch's) with status and reason at now. An attempt already
+// ended keeps its end: a transfer's give-up records its own before it parks
+// the step.
+func (s *Step) endAttempt(status, reason string, now time.Time) {
+	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch && s.Attempts[n-1].FinishedAt.IsZero() {
+		a := &s.Attempts[n-1]
+		a.Status, a.Error, a.FinishedAt = status, clip(reason, MaxAttemptErrorBytes), now
+	}
+}
+
 // DeadLetter parks a step that cannot complete: it exhausted its
-// deliveries or keeps killing its agents.
+// deliveries or keeps killing its agents. A dispatched step's attempt ends
+// dead-lettered too, with reason as its error: nothing runs it any more.
 func (s *Step) DeadLetter(reason string, now time.Time) {
+	if s.State == StepDispatched {
+		s.endAttempt(string(StepDeadLettered), reason, now)
+	}
 	s.State = StepDeadLettered
 	s.LastError = reason
 	s.UpdatedAt = now
