@@ -138,7 +138,7 @@ func TestCancelWaitOutlastsFailedReads(t *testing.T) {
 	c.reads(t, true)
 	c.end(t)
 	r := c.result(t)
-	if r.code != exitOK || !strings.Contains(r.stdout, "job job-wait cancelled: 1 pending steps cancelled, 0 running steps interrupted; job cancelled in ") {
+	if r.code != exitOK || !strings.Contains(r.stdout, "job job-wait cancelled: 1 pending step cancelled, 0 running steps interrupted; job cancelled in ") {
 		t.Fatalf("cancel with reads failing a moment: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }

@@ -348,3 +348,41 @@ func TestOfflineErrorsHaveTheirOwnExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// submit --wait of a job that starts in an hour said "waiting for a
+// scheduler to take the job..." and, once --wait-timeout ran out, only
+// "context deadline exceeded". It says when the job starts, then that the
+// job is still pending and how to follow it; the exit code stays 4.
+func TestSubmitWaitTimeoutOfADelayedJob(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const specText = "name: later\nidempotency_key: later-1\ndelay: 1h\nsteps:\n- {id: a, action: echo}\n"
+	id := protocol.JobIDForKey("later-1")
+	// No scheduler runs: the submission is unconfirmed after --timeout and
+	// no job record is made, so the wait can only end at --wait-timeout.
+	r := warden(t, specText, "submit", "--wait", "--timeout", "100ms", "--wait-timeout", "300ms", "--server", e.url)
+	if r.code != exitUnavailable {
+		t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, exitUnavailable, r.stdout, r.stderr)
+	}
+	want := "warden: job " + id + " is still pending (delayed: starts "
+	if !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "after --wait-timeout 300ms") ||
+		!strings.Contains(r.stderr, "`warden job show "+id+"`") || strings.Contains(r.stderr, "context deadline exceeded") {
+		t.Fatalf("stderr:\n%s\nwant the job's state (%q) and how to follow it", r.stderr, want)
+	}
+	if !strings.Contains(r.stdout, "job is delayed: starts ") || strings.Contains(r.stdout, "waiting for a scheduler") {
+		t.Fatalf("stdout does not say when the job starts:\n%s", r.stdout)
+	}
+
+	r = warden(t, specText, "submit", "--wait", "--json", "--timeout", "100ms", "--wait-timeout", "300ms", "--server", e.url)
+	var out struct {
+		Error    string `json:"error"`
+		Code     string `json:"code"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.Unmarshal([]byte(r.stderr[max(strings.Index(r.stderr, "{"), 0):]), &out); err != nil {
+		t.Fatalf("stderr does not end in JSON: %v\n%s", err, r.stderr)
+	}
+	if r.code != exitUnavailable || out.ExitCode != exitUnavailable || out.Code != string(ops.CodeTimeout) || !strings.Contains(out.Error, "is still pending") {
+		t.Fatalf("--json: exit %d, error %+v", r.code, out)
+	}
+}

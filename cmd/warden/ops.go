@@ -100,11 +100,20 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 
 // printCancel prints what a cancel did, without the line's end.
 func (a *app) printCancel(rep ops.CancelReport) {
-	fmt.Fprintf(a.stdout, "job %s cancelled: %d pending steps cancelled, %d running steps interrupted",
-		rep.JobID, len(rep.Cancelled), len(rep.Interrupted))
+	fmt.Fprintf(a.stdout, "job %s cancelled: %s cancelled, %s interrupted",
+		rep.JobID, countOf(len(rep.Cancelled), "pending step"), countOf(len(rep.Interrupted), "running step"))
 	if len(rep.Interrupted) > 0 && len(rep.Interrupted) <= 10 {
 		fmt.Fprintf(a.stdout, " (%s)", strings.Join(rep.Interrupted, ", "))
 	}
+}
+
+// countOf is n and what it counts, plural unless n is 1: "1 pending step",
+// "2 pending steps".
+func countOf(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // cancelWaitFailed reports a cancel that took effect and a wait for the

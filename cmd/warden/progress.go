@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"time"
 
@@ -13,13 +14,17 @@ import (
 // progress prints a followed job's transitions, one line each: a step's
 // state, attempt, agent and epoch (and error), and the job's own state.
 // Updates that change nothing a person follows (a lease extension) print
-// nothing.
+// nothing, and so does a step's waiting reason that changed only in an
+// age it names ("gone 3s ago").
 type progress struct {
 	w     io.Writer
 	start time.Time
 	job   jobstore.JobState
 	steps map[string]string
 	width int
+	// startsAt, for a submission that starts later (run_at, delay), is
+	// when it is due: until then no scheduler makes the job.
+	startsAt time.Time
 }
 
 func newProgress(w io.Writer) *progress {
@@ -30,7 +35,12 @@ func (p *progress) update(u client.Update) {
 	if u.Initial {
 		p.width = stepWidth(u)
 		if u.Job == nil {
-			fmt.Fprintln(p.w, "waiting for a scheduler to take the job...")
+			if now := time.Now(); p.startsAt.After(now) {
+				fmt.Fprintf(p.w, "job is delayed: starts %s, in %s; waiting for it to start...\n",
+					timestamp(p.startsAt), p.startsAt.Sub(now).Round(time.Second))
+			} else {
+				fmt.Fprintln(p.w, "waiting for a scheduler to take the job...")
+			}
 		}
 		for _, s := range u.Steps {
 			p.step(s)
@@ -58,7 +68,7 @@ func stepWidth(u client.Update) int {
 }
 
 func (p *progress) step(s *jobstore.Step) {
-	key := fmt.Sprintf("%s/%d/%d/%s", s.State, s.Epoch, s.Attempt, s.Waiting)
+	key := fmt.Sprintf("%s/%d/%d/%s", s.State, s.Epoch, s.Attempt, waitingReason(s.Waiting))
 	if p.steps[s.ID] == key {
 		return
 	}
@@ -77,6 +87,15 @@ func (p *progress) step(s *jobstore.Step) {
 	fmt.Fprintln(p.w, strings.TrimRight(b.String(), " "))
 }
 
+// ageRE matches an age in a waiting reason: a duration and "ago".
+var ageRE = regexp.MustCompile(`\b\d[0-9.]*(ns|µs|us|ms|s|m|h)([0-9.]+(ns|µs|us|ms|s|m|h))* ago\b`)
+
+// waitingReason is a step's waiting reason without the ages it names, which
+// change at every rewrite of the same reason.
+func waitingReason(w string) string {
+	return ageRE.ReplaceAllString(w, "ago")
+}
+
 func (p *progress) jobLine(j *jobstore.Job) {
 	line := fmt.Sprintf("%s  job  %s %s", p.elapsed(), j.ID, j.State)
 	if j.State.Terminal() && !j.FinishedAt.IsZero() {
@@ -86,6 +105,18 @@ func (p *progress) jobLine(j *jobstore.Job) {
 		line += ": " + oneLine(j.Error, 300)
 	}
 	fmt.Fprintln(p.w, line)
+}
+
+// state is the followed job's state as last seen, for a follow cut short.
+func (p *progress) state() string {
+	switch {
+	case p.job != "":
+		return string(p.job)
+	case p.startsAt.After(time.Now()):
+		return fmt.Sprintf("pending (delayed: starts %s)", timestamp(p.startsAt))
+	default:
+		return "pending (no scheduler has taken it yet)"
+	}
 }
 
 func (p *progress) elapsed() string {

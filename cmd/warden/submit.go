@@ -99,8 +99,12 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 		progress = a.stderr
 	}
 	p := newProgress(progress)
+	p.startsAt = receipt.StartsAt
 	job, err := c.FollowSubmission(wctx, receipt, p.update)
 	if err != nil {
+		if f.waitTimeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return &waitTimeoutError{job: receipt.JobID, state: p.state(), after: f.waitTimeout, err: err}
+		}
 		return err
 	}
 	if a.json {
@@ -120,6 +124,23 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 	}
 	return nil
 }
+
+// waitTimeoutError is a --wait that --wait-timeout ended before the job
+// did. It says what the job was doing then and how to follow it on; it
+// unwraps to the deadline, a timeout (exit 4).
+type waitTimeoutError struct {
+	job   string
+	state string
+	after time.Duration
+	err   error
+}
+
+func (e *waitTimeoutError) Error() string {
+	return fmt.Sprintf("job %s is still %s after --wait-timeout %s; it goes on without this command: follow it with `warden job show %s`",
+		e.job, e.state, e.after, e.job)
+}
+
+func (e *waitTimeoutError) Unwrap() error { return e.err }
 
 func (a *app) printReceipt(r client.Receipt) {
 	switch {

@@ -2,6 +2,7 @@ package dev
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,9 @@ func (d *devRun) banner(env Env) {
 	)
 	var metrics []string
 	for _, p := range env.Processes {
+		if p.Role == "api" {
+			lines = append(lines, "  Dashboard:                   "+dashboardURL(d.cfg.APIAddr))
+		}
 		if p.MetricsURL != "" {
 			metrics = append(metrics, fmt.Sprintf("    %-10s %s", p.Name, p.MetricsURL))
 		}
@@ -40,6 +44,20 @@ func (d *devRun) banner(env Env) {
 	for _, l := range lines {
 		d.say("%s", l)
 	}
+}
+
+// dashboardURL is the base URL of the API listening on addr, where it
+// serves the dashboard: a listener on every interface is reached on the
+// loopback address.
+func dashboardURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr + "/"
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }
 
 // wardenCommand is how to run this warden binary from the current

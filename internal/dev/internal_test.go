@@ -142,3 +142,33 @@ func TestChildrenDoNotInheritTheUsersNATSSettings(t *testing.T) {
 		t.Error("child environment lacks the embedded server's URL")
 	}
 }
+
+// The banner listed the API only under Metrics: it names the dashboard's
+// URL when the API runs, and not otherwise.
+func TestBannerNamesTheDashboard(t *testing.T) {
+	t.Parallel()
+	api := Process{Name: "api", Role: "api", MetricsURL: "http://127.0.0.1:8080/metrics"}
+	for _, c := range []struct {
+		addr  string
+		procs []Process
+		want  string
+	}{
+		{"127.0.0.1:8080", []Process{{Name: "scheduler", Role: "scheduler"}, api}, "Dashboard:                   http://127.0.0.1:8080/"},
+		{":8080", []Process{api}, "Dashboard:                   http://127.0.0.1:8080/"},
+		{"127.0.0.1:8080", []Process{{Name: "scheduler", Role: "scheduler"}}, ""},
+	} {
+		var b bytes.Buffer
+		d := &devRun{cfg: Config{APIAddr: c.addr}, out: &output{w: &b}, width: 6}
+		d.banner(Env{URL: "nats://127.0.0.1:4222", DataDir: "/tmp/x", Processes: c.procs})
+		got := b.String()
+		if c.want == "" {
+			if strings.Contains(got, "Dashboard") {
+				t.Errorf("no API, yet:\n%s", got)
+			}
+			continue
+		}
+		if !strings.Contains(got, "warden |   "+c.want+"\n") {
+			t.Errorf("API on %s: banner lacks %q:\n%s", c.addr, c.want, got)
+		}
+	}
+}
