@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -106,24 +105,6 @@ func TestSlowRequestBodyIsCut(t *testing.T) {
 	wantError(t, "a body stopped half-way", response{status: res.StatusCode, body: b}, http.StatusGatewayTimeout, ops.CodeTimeout)
 }
 
-// syncBuffer is a log sink for a handler's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A client that went away mid-request (its context cancelled) was logged
 // as the API failing ("request failed") and answered 500 or 503. It is
 // not an error of the API: logged at debug only.
@@ -136,7 +117,7 @@ func TestClientGoneIsNotLoggedAsAFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs natstest.Buffer
 	s, err := api.New(api.Config{AnonymousScope: api.ScopeAdmin}, nc, ops.New(nc, st),
 		api.WithLogger(zerolog.New(&logs).Level(zerolog.DebugLevel)))
 	if err != nil {

@@ -1,7 +1,6 @@
 package dev_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/wardenhq/warden/internal/natstest"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,24 +59,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer collects output written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // followJob connects to a dev server at url, runs inspect (if set) on its
 // JetStream, submits spec, and follows the job to its end.
 func followJob(ctx context.Context, url string, spec []byte, inspect func(jetstream.JetStream) error) (*jobstore.Job, error) {
@@ -113,7 +96,7 @@ func TestDevRunsTheDemoJobOnRealProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out natstest.Buffer
 	var final *jobstore.Job
 	err = dev.Run(ctx, dev.Config{
 		DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs", Out: &out,
@@ -152,7 +135,7 @@ func TestDevFailsWhenAChildDiesDuringStartup(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out natstest.Buffer
 	err := dev.Run(ctx, dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: t.TempDir(), Out: &out, Agents: 1})
 	if !errors.Is(err, dev.ErrChildExited) || !strings.Contains(err.Error(), "agent-1") {
 		t.Fatalf("got %v, want ErrChildExited naming agent-1\n%s", err, out.String())
@@ -175,7 +158,7 @@ func TestDevStopsOnCancel(t *testing.T) {
 	bin := binaries(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out syncBuffer
+	var out natstest.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- dev.Run(ctx, dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs", Out: &out, Agents: 1})
@@ -228,7 +211,7 @@ func TestDevRunsAResizedDeployment(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out natstest.Buffer
 	var final *jobstore.Job
 	var streamNames []string
 	err := dev.Run(ctx, dev.Config{
@@ -272,7 +255,7 @@ func TestDevNamesATakenMetricsPort(t *testing.T) {
 	}
 	defer func() { _ = l.Close() }()
 	port := l.Addr().(*net.TCPAddr).Port
-	var out syncBuffer
+	var out natstest.Buffer
 	err = dev.Run(context.Background(), dev.Config{DataDir: t.TempDir(), Port: -1, BinDir: bin, ConfigDir: "../../configs",
 		Out: &out, Agents: 1, MetricsPort: port})
 	if err == nil || errors.Is(err, dev.ErrChildExited) || !strings.Contains(err.Error(), "--metrics-port") {

@@ -1,11 +1,9 @@
 package ops_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +17,6 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
-
-// syncBuffer is a log sink the feed writes from its goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A feed that failed at start (WARDEN_EVENTS not there yet) said nothing
 // until the other feed ended at shutdown, and the healing and failover
@@ -54,7 +34,7 @@ func TestFeedThatFailsIsLoggedAndStartedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs natstest.Buffer
 	reg := prometheus.NewRegistry()
 	feed := ops.NewFeed(ops.New(nc, store), reg, zerolog.New(&logs))
 	rctx, stop := context.WithCancel(ctx)

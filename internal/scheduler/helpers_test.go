@@ -72,19 +72,30 @@ func runScheduler(ctx context.Context, t *testing.T, nc *nats.Conn, cfg schedule
 // submit publishes a spec with headers and returns the scheduler's reply.
 func (b *bundle) submit(t *testing.T, body []byte, jobID, msgID string) protocol.SubmitReply {
 	t.Helper()
+	headers := map[string]string{}
+	if jobID != "" {
+		headers[protocol.HeaderJobID] = jobID
+	}
+	if msgID != "" {
+		headers[protocol.HeaderMsgID] = msgID
+	}
+	return b.submitOn(t, protocol.SubjectSubmit, body, headers)
+}
+
+// submitOn publishes a spec on subject with headers and returns the
+// scheduler's reply.
+func (b *bundle) submitOn(t *testing.T, subject string, body []byte, headers map[string]string) protocol.SubmitReply {
+	t.Helper()
 	inbox := nats.NewInbox()
 	sub, err := b.nc.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	msg := nats.NewMsg(protocol.SubjectSubmit)
+	msg := nats.NewMsg(subject)
 	msg.Data = body
-	if jobID != "" {
-		msg.Header.Set(protocol.HeaderJobID, jobID)
-	}
-	if msgID != "" {
-		msg.Header.Set(protocol.HeaderMsgID, msgID)
+	for k, v := range headers {
+		msg.Header.Set(k, v)
 	}
 	msg.Header.Set(protocol.HeaderReplyTo, inbox)
 	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {

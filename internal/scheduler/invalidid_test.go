@@ -2,7 +2,6 @@ package scheduler_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -97,34 +96,4 @@ func TestResultForAnInvalidJobIDIsRefused(t *testing.T) {
 	}
 	release()
 	b.waitJob(t, "unknown", jobstore.JobSucceeded)
-}
-
-// submitOn publishes a spec on subject with headers and returns the
-// scheduler's reply.
-func (b *bundle) submitOn(t *testing.T, subject string, body []byte, headers map[string]string) protocol.SubmitReply {
-	t.Helper()
-	inbox := nats.NewInbox()
-	sub, err := b.nc.SubscribeSync(inbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	msg := nats.NewMsg(subject)
-	msg.Data = body
-	for k, v := range headers {
-		msg.Header.Set(k, v)
-	}
-	msg.Header.Set(protocol.HeaderReplyTo, inbox)
-	if _, err := b.js.PublishMsg(context.Background(), msg); err != nil {
-		t.Fatal(err)
-	}
-	m, err := sub.NextMsg(10 * time.Second)
-	if err != nil {
-		t.Fatalf("no submission reply: %v", err)
-	}
-	var r protocol.SubmitReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
