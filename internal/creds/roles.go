@@ -60,6 +60,17 @@ func directGet(s string) []string {
 func flowControl(s string) string { return "$JS.FC." + s + ".>" }
 func ack(s string) string         { return "$JS.ACK." + s + ".>" }
 
+// watchKeys is reading and watching the keys of bucket that subject
+// ($KV.<bucket>.<key or filter>) matches, and nothing else of it: direct
+// gets of those keys, consumers filtered on them (a consumer an agent may
+// create chooses its own deliver_subject, docs/security.md), and deleting
+// its own watch's consumer (nats.go names them at random).
+func watchKeys(bucket, subject string) []string {
+	s := "KV_" + bucket
+	return []string{streamInfo(s), "$JS.API.DIRECT.GET." + s + "." + subject,
+		"$JS.API.CONSUMER.CREATE." + s + ".*." + subject, "$JS.API.CONSUMER.DELETE." + s + ".*", flowControl(s)}
+}
+
 // consumers is what a role needs to create and use consumers of any name on
 // stream s: create (with or without a filter in the subject), info, pull,
 // delete (nats.go deletes its ordered consumers when a watch stops), ack
@@ -368,36 +379,22 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 	def, rt := "$KV."+protocol.BucketClusters+"."+c, "$KV."+protocol.BucketClusterRuntime+"."+c
 	leases, health := "$KV."+protocol.BucketClusterLeases+"."+protocol.ClusterLeaseKey(c), "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
-	r.Pub = append(r.Pub,
+	r.Pub = slices.Concat(r.Pub,
 		// Its definition, read and watched: that key alone (an agent
-		// outside a cluster never opens the bucket). A consumer an agent
-		// may create chooses its own deliver_subject (docs/security.md):
-		// filtered on keys it reads anyway.
-		streamInfo("KV_"+protocol.BucketClusters),
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusters+"."+def,
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusters+".*."+def,
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusters+".*", flowControl("KV_"+protocol.BucketClusters),
+		// outside a cluster never opens the bucket).
+		watchKeys(protocol.BucketClusters, def),
 		// Its cluster's runtime keys, read and watched.
-		streamInfo("KV_"+protocol.BucketClusterRuntime),
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusterRuntime+"."+rt+".>",
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusterRuntime+".*."+rt+".>",
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusterRuntime+".*", flowControl("KV_"+protocol.BucketClusterRuntime),
+		watchKeys(protocol.BucketClusterRuntime, rt+".>"),
 		// Its report (internal/cluster.Member writes it with a TTL and
 		// deletes it on leaving): in c alone, so that it cannot pose as a
 		// member of a cluster it was not minted for.
-		"$KV."+protocol.BucketClusterRuntime+"."+protocol.ClusterMemberKey(c, pool, id),
-		rt+".state", rt+".sync", rt+".req.*",
+		[]string{"$KV." + protocol.BucketClusterRuntime + "." + protocol.ClusterMemberKey(c, pool, id),
+			rt + ".state", rt + ".sync", rt + ".req.*"},
 		// Its cluster's lease, in a bucket of cluster leases only: the
 		// supervisor's is out of reach of a member's roll-up.
-		streamInfo("KV_"+protocol.BucketClusterLeases), leases,
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketClusterLeases+"."+leases,
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketClusterLeases+".*."+leases,
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketClusterLeases+".*", flowControl("KV_"+protocol.BucketClusterLeases),
-		streamInfo("KV_"+protocol.BucketHealth),
-		"$JS.API.DIRECT.GET.KV_"+protocol.BucketHealth+"."+health,
-		"$JS.API.CONSUMER.CREATE.KV_"+protocol.BucketHealth+".*."+health,
-		"$JS.API.CONSUMER.DELETE.KV_"+protocol.BucketHealth+".*", flowControl("KV_"+protocol.BucketHealth),
-		protocol.EventSubject(protocol.EventHealing, "*"),
+		[]string{leases}, watchKeys(protocol.BucketClusterLeases, leases),
+		watchKeys(protocol.BucketHealth, health),
+		[]string{protocol.EventSubject(protocol.EventHealing, "*")},
 	)
 	for _, k := range clusterEvents {
 		r.Pub = append(r.Pub, protocol.EventSubject(k, "*"))
