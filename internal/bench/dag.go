@@ -87,15 +87,11 @@ func (d *deployment) submitWait(tb *runTB, id string, spec []byte, bound time.Du
 func cancelSteps(ctx context.Context, store *jobstore.Store, id string) ([]jobstore.VersionedStep, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	job, _, err := store.Job(rctx, id)
+	snap, err := store.Load(rctx, id) // the job and its steps, one read
 	if err != nil {
 		return nil, fmt.Errorf("read job: %w", err)
 	}
-	sts, err := store.Steps(rctx, job)
-	if err != nil {
-		return nil, fmt.Errorf("read steps: %w", err)
-	}
-	return sts, nil
+	return snap.Versioned(), nil
 }
 
 // bounded records a duration figure that may have hit its bound.
