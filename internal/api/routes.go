@@ -304,13 +304,9 @@ func (s *Server) taskQueues(w http.ResponseWriter, r *http.Request) error {
 // last id of this one.
 func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > ops.MaxLetterPage {
-			return ops.Errorf(ops.CodeInvalid, "limit %q: want 1 to %d (0: %[2]d)", v, ops.MaxLetterPage)
-		}
-		limit = n
+	limit, err := limitUpTo(r, 100, ops.MaxLetterPage, "the most")
+	if err != nil {
+		return err
 	}
 	var after uint64
 	if v := q.Get("after"); v != "" {
@@ -391,14 +387,18 @@ func (s *Server) healingStatus(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func limitParam(r *http.Request, def int) (int, error) {
+func limitParam(r *http.Request, def int) (int, error) { return limitUpTo(r, def, 10000, "all") }
+
+// limitUpTo reads ?limit= as 0 to most; 0 means zero (what the route
+// says it means: "all", "the most").
+func limitUpTo(r *http.Request, def, most int, zero string) (int, error) {
 	v := r.URL.Query().Get("limit")
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > 10000 {
-		return 0, ops.Errorf(ops.CodeInvalid, "limit %q: want 0 (all) to 10000", v)
+	if err != nil || n < 0 || n > most {
+		return 0, ops.Errorf(ops.CodeInvalid, "limit %q: want 0 (%s) to %d", v, zero, most)
 	}
 	return n, nil
 }
