@@ -7,11 +7,11 @@ import (
 	"math"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -98,22 +98,10 @@ func summary(m jetstream.Msg) Summary {
 	h := m.Headers()
 	l := Summary{Subject: m.Subject()}
 	l.JobID, l.StepID, l.Epoch, l.Reason, l.Detail, l.Deliveries, l.LastError = fields(h)
-	l.Detail, l.LastError = cut(l.Detail, maxSummaryText), cut(l.LastError, maxSummaryText)
+	l.Detail, l.LastError = jobstore.Clip(l.Detail, maxSummaryText), jobstore.Clip(l.LastError, maxSummaryText)
 	if md, err := m.Metadata(); err == nil {
 		l.ID, l.Time = md.Sequence.Stream, md.Timestamp
 	}
 	l.Size, _ = strconv.Atoi(h.Get(nats.MsgSize))
 	return l
-}
-
-// cut shortens s to at most n bytes, on a rune boundary, marking the cut
-// with an ellipsis.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }

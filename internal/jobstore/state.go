@@ -75,11 +75,26 @@ func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	cut := n - 32 // room for the note
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
+	cut := runeStart(s, n-32) // room for the note
 	return s[:cut] + fmt.Sprintf("… (%d bytes cut)", len(s)-cut)
+}
+
+// Clip shortens s to at most n bytes and an ellipsis, on a rune boundary:
+// text quoted back or listed (an id that is not a token, a dead letter's
+// error in a listing) without the note clip adds.
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:runeStart(s, n)] + "…"
+}
+
+// runeStart is the last index at or before n where a rune of s starts.
+func runeStart(s string, n int) int {
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return n
 }
 
 // Outcome is what applying a result did to a step.

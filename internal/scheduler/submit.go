@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/logging"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -116,13 +117,7 @@ func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
 
 // clipID bounds an id that is not a token (a header may be kilobytes
 // long) where it is quoted back.
-func clipID(id string) string {
-	const keep = 2 * protocol.MaxTokenLen
-	if len(id) <= keep {
-		return id
-	}
-	return strings.ToValidUTF8(id[:keep], "") + "…"
-}
+func clipID(id string) string { return jobstore.Clip(id, 2*protocol.MaxTokenLen) }
 
 // acceptSubmission answers a submission whose job exists now.
 func (s *Scheduler) acceptSubmission(jt *jobTurn, k int, created bool) {
