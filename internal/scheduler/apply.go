@@ -119,7 +119,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		}
 		jt.finished = true
 		state := string(js.job.State)
-		jt.count(-1, func(m Metrics) { m.JobFinished(state) })
+		jt.count(-1, Metrics.JobFinished, state)
 		w.s.logFinished(js.job)
 	}
 	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)

@@ -231,7 +231,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		}
 		js.markStep(i)
 		jt.tasks = append(jt.tasks, task{idx: i, msg: w.s.taskMsg(st, st.Pool, agent.ID, token)})
-		jt.count(i, Metrics.StepDispatched)
+		jt.count(i, countStepDispatched, "")
 		w.log.Debug().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str(logging.FieldAgent, agent.ID).
 			Uint64(logging.FieldEpoch, st.Epoch).Int("attempt", st.Attempt).Msg("step dispatched")
 	}

@@ -206,7 +206,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	log := w.log.With().Str(logging.FieldJob, r.JobID).Str(logging.FieldStep, r.StepID).
 		Uint64(logging.FieldEpoch, r.Epoch).Str(logging.FieldAgent, r.Agent).Logger()
 	if r.Epoch != st.Epoch || st.State != jobstore.StepDispatched {
-		jt.count(noWrite, Metrics.StaleResult)
+		jt.count(noWrite, countStaleResult, "")
 		log.Warn().Str("state", string(st.State)).Uint64("step_epoch", st.Epoch).Msg("stale result dropped")
 		ev := protocol.Event{Kind: protocol.EventStaleResult, ID: r.JobID, JobID: r.JobID,
 			StepID: r.StepID, Agent: r.Agent, Reason: fmt.Sprintf("%v: step is %s at epoch %d, result is for epoch %d",
@@ -262,7 +262,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 	js.markStep(i)
 	w.ignoredFields(jt, k, r, ignored)
 	status := r.Status
-	jt.count(i, func(m Metrics) { m.ResultApplied(status) })
+	jt.count(i, Metrics.ResultApplied, status)
 	// The agent has a free slot again, whatever its last heartbeat says:
 	// once, however often a lost compare-and-set applies the result again.
 	if !jt.inputs[k].slotFreed {
@@ -289,7 +289,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 // genuine result has its own dedup id).
 func (s *Scheduler) rejectResult(jt *jobTurn, k int, reason string, err error, r *protocol.Result) {
 	in := jt.inputs[k]
-	jt.count(noWrite, func(m Metrics) { m.ResultRejected(reason) })
+	jt.count(noWrite, Metrics.ResultRejected, reason)
 	id := jt.id
 	if !protocol.ValidToken(id) {
 		id = "unknown"

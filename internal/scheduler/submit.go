@@ -92,7 +92,7 @@ func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
 	if reason == "" {
 		reason = spec.ReasonMalformed
 	}
-	jt.count(noWrite, func(m Metrics) { m.SubmissionRejected(reason) })
+	jt.count(noWrite, Metrics.SubmissionRejected, reason)
 	s.log.Warn().Str(logging.FieldJob, in.job).Str("reason", reason).Err(err).Msg("submission rejected")
 	// An event's id is a subject token: a job id that is not one is filed
 	// under the placeholder "invalid" (for the event only: the id never
@@ -123,7 +123,7 @@ func clipID(id string) string { return jobstore.Clip(id, 2*protocol.MaxTokenLen)
 func (s *Scheduler) acceptSubmission(jt *jobTurn, k int, created bool) {
 	in := jt.inputs[k]
 	if created {
-		jt.count(-1, Metrics.JobAccepted)
+		jt.count(-1, countJobAccepted, "")
 		s.log.Info().Str(logging.FieldJob, in.job).Str("name", jt.js.job.Name).Int("steps", len(jt.js.steps)).Msg("job accepted")
 	}
 	s.replyTo(jt, in, protocol.SubmitReply{JobID: in.job, Existing: !created})

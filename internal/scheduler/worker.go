@@ -367,16 +367,25 @@ type task struct {
 // stands once the turn's inputs are settled).
 type count struct {
 	write int
-	inc   func(Metrics)
+	inc   func(Metrics, string) // a Metrics method expression
+	label string
 }
+
+// Increments without a label, in count's shape: method values with no
+// captured state, so recording one allocates nothing on the turn's path.
+var (
+	countJobAccepted    = func(m Metrics, _ string) { m.JobAccepted() }
+	countStepDispatched = func(m Metrics, _ string) { m.StepDispatched() }
+	countStaleResult    = func(m Metrics, _ string) { m.StaleResult() }
+)
 
 const noWrite = -2
 
 // count adds a metric increment, made in finish if the turn's writes
 // landed, or in retry if its record did (the retry re-reads it and does
 // not count again).
-func (jt *jobTurn) count(write int, inc func(Metrics)) {
-	jt.counts = append(jt.counts, count{write, inc})
+func (jt *jobTurn) count(write int, inc func(Metrics, string), label string) {
+	jt.counts = append(jt.counts, count{write, inc, label})
 }
 
 // countLanded makes the turn's increments: all of them (all, the writes
@@ -388,7 +397,7 @@ func (w *worker) countLanded(jt *jobTurn, all bool) {
 			wr = -1 // an inline job's steps are in its record
 		}
 		if all || (wr != noWrite && jt.landed[wr]) {
-			c.inc(w.s.metrics)
+			c.inc(w.s.metrics, c.label)
 		}
 	}
 	jt.counts = nil
