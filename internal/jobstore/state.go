@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -222,6 +223,21 @@ const ReasonExpired = "expired"
 // Expired reports whether the step's expiry has passed at now.
 func (s *Step) Expired(now time.Time) bool {
 	return !s.ExpiresAt.IsZero() && now.After(s.ExpiresAt)
+}
+
+// FailPastExpiry ends a step that has run (Attempt > 0) and whose next
+// attempt cannot start by its expires_at: it fails with its last error,
+// which the expiry does not replace, and its job fails (and compensates)
+// as for any permanent failure. Its error count already holds that error.
+func (s *Step) FailPastExpiry(now time.Time) {
+	why := s.LastError
+	if why == "" {
+		why = "attempt " + strconv.Itoa(s.Attempt) + " ended"
+	}
+	s.State = StepFailed
+	s.LastError = why + " (not retried: its expires_at " + s.ExpiresAt.Format(time.RFC3339) + " passed)"
+	s.UpdatedAt, s.FinishedAt = now, now
+	s.LockedUntil, s.NotBefore = time.Time{}, time.Time{}
 }
 
 // Expire ends a step whose expiry passed before it could start.

@@ -95,7 +95,7 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			tries++
 			w.s.stopWaiting(holder)
 			w.freeIfQueued(jt, i)
-			failPastExpiry(st, now)
+			st.FailPastExpiry(now)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Str("error", st.LastError).Msg("step failed: its next attempt would start after its expiry")
 			js.markStep(i)
@@ -345,19 +345,4 @@ func (s *Scheduler) taskMsg(st *jobstore.Step, pool, agent, token string) *nats.
 	}
 	setClusterHeaders(m.Header, st)
 	return m
-}
-
-// failPastExpiry ends a step that has run (Attempt > 0) and whose next
-// attempt cannot start by its expires_at: it fails with its last error,
-// which the expiry does not replace, and its job fails (and compensates)
-// as for any permanent failure. Its error count already holds that error.
-func failPastExpiry(st *jobstore.Step, now time.Time) {
-	why := st.LastError
-	if why == "" {
-		why = "attempt " + strconv.Itoa(st.Attempt) + " ended"
-	}
-	st.State = jobstore.StepFailed
-	st.LastError = why + " (not retried: its expires_at " + st.ExpiresAt.Format(time.RFC3339) + " passed)"
-	st.UpdatedAt, st.FinishedAt = now, now
-	st.LockedUntil, st.NotBefore = time.Time{}, time.Time{}
 }

@@ -254,7 +254,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 			if !reroute && st.Attempt > 0 && !st.ExpiresAt.IsZero() && st.NotBefore.After(st.ExpiresAt) {
 				// Its backoff ends past its expiry: the retry could not
 				// start, so the step fails now with this error (dispatch).
-				failPastExpiry(st, now)
+				st.FailPastExpiry(now)
 				outcome = jobstore.OutcomeFailed
 			}
 		}
