@@ -103,21 +103,34 @@ func forwardFailure(s jobstore.StepState) bool {
 // nothing but its desired state, and named the cancel as the job's error
 // instead of the step that failed.
 func (js *jobState) failure() string {
-	forward := js.steps[:max(js.job.ForwardSteps, 0)]
-	for _, st := range forward {
-		if st.State == jobstore.StepFailed || st.State == jobstore.StepDeadLettered {
-			return fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
-		}
-	}
-	for _, st := range forward {
-		if st.State == jobstore.StepExpired {
-			return fmt.Sprintf("step %s %s", st.ID, st.LastError) // as settle words it
-		}
-	}
-	if js.job.Desired == jobstore.JobCancelled {
+	failed, expired := firstFailures(js.steps[:max(js.job.ForwardSteps, 0)])
+	switch {
+	case failed != "":
+		return failed
+	case expired != "":
+		return expired
+	case js.job.Desired == jobstore.JobCancelled:
 		return "cancelled with compensation"
 	}
 	return ""
+}
+
+// firstFailures words, as a job's error names them, the first of steps
+// that failed or was dead-lettered and the first that expired.
+func firstFailures(steps []*jobstore.Step) (failed, expired string) {
+	for _, st := range steps {
+		switch st.State {
+		case jobstore.StepFailed, jobstore.StepDeadLettered:
+			if failed == "" {
+				failed = fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
+			}
+		case jobstore.StepExpired:
+			if expired == "" {
+				expired = fmt.Sprintf("step %s %s", st.ID, st.LastError)
+			}
+		}
+	}
+	return failed, expired
 }
 
 // endCompensation settles a compensating job whose steps have all ended.

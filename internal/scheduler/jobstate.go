@@ -254,25 +254,10 @@ func (js *jobState) settle(now time.Time) bool {
 	if j.State == jobstore.JobCompensating {
 		return js.endCompensation(now)
 	}
-	var failed, cancelled, expired string
-	for _, st := range js.steps {
-		switch st.State {
-		case jobstore.StepSucceeded:
-		case jobstore.StepCancelled:
-			cancelled = st.ID
-		case jobstore.StepExpired:
-			if expired == "" {
-				expired = fmt.Sprintf("step %s %s", st.ID, st.LastError)
-			}
-		case jobstore.StepSkipped:
-		default:
-			if failed == "" {
-				failed = fmt.Sprintf("step %s %s: %s", st.ID, st.State, st.LastError)
-			}
-		}
-	}
+	failed, expired := firstFailures(js.steps)
+	cancelled := slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State == jobstore.StepCancelled })
 	switch {
-	case j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing() || cancelled != "":
+	case j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing() || cancelled:
 		// A cancel that stopped nothing (every step had succeeded, or
 		// succeeded anyway: it raced the last result) leaves the job
 		// succeeded, as a cancel of a finished job is refused.
