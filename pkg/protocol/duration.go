@@ -38,38 +38,29 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	if n := len(b); n >= 2 && b[0] == '"' && b[n-1] == '"' && bytes.IndexByte(b[1:n-1], '\\') < 0 {
 		return d.parse(string(b[1 : n-1]))
 	}
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		var n int64
-		if err2 := json.Unmarshal(b, &n); err2 != nil {
-			return fmt.Errorf("duration must be a string like \"30s\": %w", err)
-		}
-		// As for a string ("-1s"): no duration here means a time back.
-		if n < 0 {
-			return fmt.Errorf("invalid duration %d (nanoseconds): negative", n)
-		}
-		*d = Duration(n)
-		return nil
+	var v SignedDuration
+	if err := v.UnmarshalJSON(b); err != nil {
+		return err
 	}
-	return d.parse(s)
+	// As for a string ("-1s"): no duration here means a time back.
+	if v < 0 {
+		return fmt.Errorf("invalid duration %s: negative", b)
+	}
+	*d = Duration(v)
+	return nil
 }
 
 // UnmarshalYAML reads a duration string.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	s, err := yamlDuration(n)
-	if err != nil {
+	var v SignedDuration
+	if err := v.UnmarshalYAML(n); err != nil {
 		return err
 	}
-	return d.parse(s)
-}
-
-// yamlDuration is the string of a YAML duration.
-func yamlDuration(n *yaml.Node) (string, error) {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return "", fmt.Errorf("line %d: duration must be a string like \"30s\"", n.Line)
+	if v < 0 {
+		return fmt.Errorf("invalid duration %q: negative", v)
 	}
-	return s, nil
+	*d = Duration(v)
+	return nil
 }
 
 // MarshalYAML writes the duration as a string.
@@ -115,7 +106,7 @@ func (d SignedDuration) String() string { return time.Duration(d).String() }
 func (d SignedDuration) MarshalJSON() ([]byte, error) { return Duration(d).MarshalJSON() }
 
 // UnmarshalJSON reads a duration string or a number of nanoseconds, either
-// of which may be negative.
+// of which may be negative (Duration's decoding, less its refusal).
 func (d *SignedDuration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
@@ -127,25 +118,19 @@ func (d *SignedDuration) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	v, err := parseDuration(s)
-	if err != nil {
-		return err
-	}
 	*d = SignedDuration(v)
-	return nil
+	return err
 }
 
 // UnmarshalYAML reads a duration string, which may be negative.
 func (d *SignedDuration) UnmarshalYAML(n *yaml.Node) error {
-	s, err := yamlDuration(n)
-	if err != nil {
-		return err
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: duration must be a string like \"30s\"", n.Line)
 	}
 	v, err := parseDuration(s)
-	if err != nil {
-		return err
-	}
 	*d = SignedDuration(v)
-	return nil
+	return err
 }
 
 // MarshalYAML writes the duration as a string.
