@@ -50,18 +50,24 @@ func (e *NotRetriableError) Unwrap() error { return ErrNotRetriable }
 // view: Headers and Payload are the stored message's, less the task's lease
 // token (see fromRaw).
 type Letter struct {
-	ID         uint64              `json:"id"`
-	Subject    string              `json:"subject"`
-	Time       time.Time           `json:"time"`
-	JobID      string              `json:"job_id"`
-	StepID     string              `json:"step_id"`
-	Epoch      string              `json:"epoch"`
-	Reason     string              `json:"reason"`
-	Detail     string              `json:"detail"`
-	Deliveries string              `json:"deliveries"`
-	LastError  string              `json:"last_error,omitempty"`
-	Headers    map[string][]string `json:"headers"`
-	Payload    json.RawMessage     `json:"payload"`
+	ID      uint64    `json:"id"`
+	Subject string    `json:"subject"`
+	Time    time.Time `json:"time"`
+	Parked
+	Headers map[string][]string `json:"headers"`
+	Payload json.RawMessage     `json:"payload"`
+}
+
+// Parked is what a letter's headers say about it: its job, step and
+// epoch, and why, how and after how many deliveries it was parked.
+type Parked struct {
+	JobID      string `json:"job_id"`
+	StepID     string `json:"step_id"`
+	Epoch      string `json:"epoch"`
+	Reason     string `json:"reason"`
+	Detail     string `json:"detail"`
+	Deliveries string `json:"deliveries"`
+	LastError  string `json:"last_error,omitempty"`
 }
 
 // fromRaw makes the view of a stored letter. A letter is a copy of a task:
@@ -74,8 +80,7 @@ type Letter struct {
 // operators, the HTTP API and the readonly identity read.
 func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 	h := raw.Header
-	l := Letter{ID: raw.Sequence, Subject: raw.Subject, Time: raw.Time, Headers: make(map[string][]string, len(h))}
-	l.JobID, l.StepID, l.Epoch, l.Reason, l.Detail, l.Deliveries, l.LastError = fields(h)
+	l := Letter{ID: raw.Sequence, Subject: raw.Subject, Time: raw.Time, Parked: parked(h), Headers: make(map[string][]string, len(h))}
 	for k, v := range h {
 		if !strings.EqualFold(k, protocol.HeaderToken) {
 			l.Headers[k] = v
@@ -90,11 +95,11 @@ func fromRaw(raw *jetstream.RawStreamMsg) Letter {
 	return l
 }
 
-// fields reads what a letter's headers say about it: its job, step and
-// epoch, and why, how and after how many deliveries it was parked.
-func fields(h nats.Header) (job, step, epoch, reason, detail, deliveries, lastError string) {
-	return h.Get(protocol.HeaderJob), h.Get(protocol.HeaderStep), h.Get(protocol.HeaderEpoch), h.Get(protocol.HeaderDLQReason),
-		h.Get(protocol.HeaderDLQDetail), h.Get(protocol.HeaderDLQDeliveries), h.Get(protocol.HeaderDLQLastError)
+// parked reads a letter's headers.
+func parked(h nats.Header) Parked {
+	return Parked{JobID: h.Get(protocol.HeaderJob), StepID: h.Get(protocol.HeaderStep), Epoch: h.Get(protocol.HeaderEpoch),
+		Reason: h.Get(protocol.HeaderDLQReason), Detail: h.Get(protocol.HeaderDLQDetail),
+		Deliveries: h.Get(protocol.HeaderDLQDeliveries), LastError: h.Get(protocol.HeaderDLQLastError)}
 }
 
 // withoutToken returns the JSON document data less the top-level members

@@ -26,17 +26,11 @@ const maxSummaryText = 512
 // headers and payload come with the Letter itself (Get; GET
 // /queues/dead-letters/{id}).
 type Summary struct {
-	ID         uint64    `json:"id"`
-	Subject    string    `json:"subject"`
-	Time       time.Time `json:"time"`
-	JobID      string    `json:"job_id"`
-	StepID     string    `json:"step_id"`
-	Epoch      string    `json:"epoch"`
-	Reason     string    `json:"reason"`
-	Detail     string    `json:"detail"`
-	Deliveries string    `json:"deliveries"`
-	// LastError is the step's last error, cut to 512 bytes (… marks a cut).
-	LastError string `json:"last_error,omitempty"`
+	ID      uint64    `json:"id"`
+	Subject string    `json:"subject"`
+	Time    time.Time `json:"time"`
+	// Parked, its detail and last error cut to 512 bytes (… marks a cut).
+	Parked
 	// Size is the stored payload's size in bytes.
 	Size int `json:"size"`
 }
@@ -96,8 +90,7 @@ func (q *Queue) Page(ctx context.Context, after uint64, limit int) ([]Summary, e
 // summary reads a letter delivered headers only.
 func summary(m jetstream.Msg) Summary {
 	h := m.Headers()
-	l := Summary{Subject: m.Subject()}
-	l.JobID, l.StepID, l.Epoch, l.Reason, l.Detail, l.Deliveries, l.LastError = fields(h)
+	l := Summary{Subject: m.Subject(), Parked: parked(h)}
 	l.Detail, l.LastError = jobstore.Clip(l.Detail, maxSummaryText), jobstore.Clip(l.LastError, maxSummaryText)
 	if md, err := m.Metadata(); err == nil {
 		l.ID, l.Time = md.Sequence.Stream, md.Timestamp
