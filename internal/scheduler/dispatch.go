@@ -80,11 +80,9 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		holder := holderID(st.JobID, st.ID)
 		if st.Desired == jobstore.StepCancelled {
 			tries++
-			w.s.stopWaiting(holder)
-			st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
-			js.markStep(i)
-			js.stepEnded(i, now)
-			w.freeIfQueued(jt, i)
+			w.endUnrun(jt, i, now, func(st *jobstore.Step, now time.Time) {
+				st.State, st.LastError, st.UpdatedAt, st.FinishedAt = jobstore.StepCancelled, protocol.ErrorCancelled+" by an operator", now, now
+			}, "", nil)
 			continue
 		}
 		if st.Expired(now) && st.Attempt > 0 {
@@ -93,26 +91,16 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 			// long a started one retries, and no attempt starts past it.
 			// It fails with the error it has, not as expired.
 			tries++
-			w.s.stopWaiting(holder)
-			w.freeIfQueued(jt, i)
-			st.FailPastExpiry(now)
+			w.endUnrun(jt, i, now, (*jobstore.Step).FailPastExpiry, "", nil)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Str("error", st.LastError).Msg("step failed: its next attempt would start after its expiry")
-			js.markStep(i)
-			js.stepEnded(i, now)
 			continue
 		}
 		if st.Expired(now) {
 			tries++
-			w.s.stopWaiting(holder)
-			w.freeIfQueued(jt, i)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Time("expires_at", st.ExpiresAt).
 				Msg("step expired before it could start")
-			st.Expire(now)
-			js.markStep(i)
-			js.stepEnded(i, now)
-			ev := protocol.Event{Kind: protocol.EventStepExpired, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError}
-			jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+			w.endUnrun(jt, i, now, (*jobstore.Step).Expire, protocol.EventStepExpired, nil)
 			continue
 		}
 		if st.NotBefore.After(now) {
@@ -158,15 +146,9 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		if fail != nil {
 			// Its rate limit stayed unknown past the grace: it never
 			// passes, and waiting would leave the job open for ever.
-			w.s.stopWaiting(holder)
-			w.freeIfQueued(jt, i)
 			w.log.Warn().Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Err(fail).Msg("step failed: unknown rate limit")
-			st.Fail(fail.Error(), now)
-			js.markStep(i)
-			js.stepEnded(i, now)
-			ev := protocol.Event{Kind: protocol.EventStepFailedUnknownLimit, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError,
-				Data: map[string]string{"rate_limit": jt.js.job.Spec.Steps[i].RateLimit}}
-			jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+			w.endUnrun(jt, i, now, func(st *jobstore.Step, now time.Time) { st.Fail(fail.Error(), now) }, protocol.EventStepFailedUnknownLimit,
+				map[string]string{"rate_limit": jt.js.job.Spec.Steps[i].RateLimit})
 			continue
 		}
 		if !ok {
@@ -345,4 +327,20 @@ func (s *Scheduler) taskMsg(st *jobstore.Step, pool, agent, token string) *nats.
 	}
 	setClusterHeaders(m.Header, st)
 	return m
+}
+
+// endUnrun ends pending step i in this dispatch round without running it:
+// it leaves the waiters and its key's queue, end changes its record, and
+// an event of kind (none if "") says why, with data.
+func (w *worker) endUnrun(jt *jobTurn, i int, now time.Time, end func(*jobstore.Step, time.Time), kind protocol.EventKind, data map[string]string) {
+	st := jt.js.steps[i]
+	w.s.stopWaiting(holderID(st.JobID, st.ID))
+	w.freeIfQueued(jt, i)
+	end(st, now)
+	jt.js.markStep(i)
+	jt.js.stepEnded(i, now)
+	if kind != "" {
+		ev := protocol.Event{Kind: kind, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError, Data: data}
+		jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+	}
 }
