@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // eligible reports whether this member may lead now, and why not.
@@ -403,19 +404,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		})
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			// A state exists that we have not seen yet: read it first.
-			var st protocol.ClusterState
-			var r uint64
-			gerr := bounded(func(c context.Context) (err error) {
-				st, r, err = m.store.State(c, def.Name)
-				return err
-			})
-			if gerr == nil {
-				m.mu.Lock()
-				if r > m.stateRev {
-					m.setStateLocked(st, r)
-				}
-				m.mu.Unlock()
-			}
+			m.rereadState(bounded, def.Name, prevRev)
 			return false
 		}
 	} else {
@@ -423,6 +412,13 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 			rev, err = m.store.rt.Update(c, protocol.ClusterStateKey(def.Name), b, prevRev)
 			return err
 		})
+		if streams.LostCAS(err) {
+			// The stored state is not the one we hold: read it rather than
+			// wait for the watch, which may never correct us (the state
+			// deleted while our own earlier write was landing put that
+			// write back as ours, and every Update after it failed).
+			m.rereadState(bounded, def.Name, prevRev)
+		}
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -463,6 +459,26 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		return true
 	}
 	return false
+}
+
+// rereadState replaces the state this member holds, of revision held, with
+// the stored one: a newer one, or none (deleted) — then the next write
+// creates it.
+func (m *Member) rereadState(bounded func(func(context.Context) error) error, name string, held uint64) {
+	var st protocol.ClusterState
+	var r uint64
+	err := bounded(func(c context.Context) (err error) {
+		st, r, err = m.store.State(c, name)
+		return err
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err == nil && r > m.stateRev:
+		m.setStateLocked(st, r)
+	case errors.Is(err, ErrNotFound) && m.stateRev == held:
+		m.state, m.stateRev = protocol.ClusterState{}, 0
+	}
 }
 
 // handoffRefusal says why a manual failover may not hand leadership to
