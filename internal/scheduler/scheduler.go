@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -102,8 +103,14 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Scheduler, error) {
 }
 
 // Run creates the streams, then consumes submissions and results until ctx
-// ends. In-flight messages are finished before it returns.
-func (s *Scheduler) Run(ctx context.Context) error {
+// ends. In-flight messages are finished before it returns. It returns nil
+// when ctx ends, even while it is still starting (as an agent's Run does).
+func (s *Scheduler) Run(ctx context.Context) (err error) {
+	defer func(parent context.Context) {
+		if err != nil && parent.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			err = nil // stopped while starting: a shutdown, not a failure
+		}
+	}(ctx) // ctx is replaced below by one this Run cancels itself
 	if err := streams.Ensure(ctx, s.js, s.cfg.streamOptions()); err != nil {
 		return err
 	}
@@ -170,7 +177,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		for ctx.Err() == nil {
 			if err := router.Run(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn().Err(err).Msg("cluster state watch broke; restarting")
-				time.Sleep(time.Second)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
 			}
 		}
 	}()

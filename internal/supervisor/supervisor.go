@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -64,7 +65,13 @@ func New(cfg Config, nc *nats.Conn, log zerolog.Logger, m *Metrics) (*Supervisor
 }
 
 // Run ensures the streams, then campaigns for leadership until ctx ends.
-func (s *Supervisor) Run(ctx context.Context) error {
+// It returns nil when ctx ends, even while it is still starting.
+func (s *Supervisor) Run(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil && ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			err = nil // stopped while starting: a shutdown, not a failure
+		}
+	}()
 	if err := streams.Ensure(ctx, s.js, s.cfg.streamOptions()); err != nil {
 		return err
 	}
