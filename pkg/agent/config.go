@@ -46,6 +46,14 @@ type Config struct {
 	DrainTimeout protocol.Duration `yaml:"drain_timeout"`
 	// FetchWait is how long one pull request waits for a task. Defaults to 30s.
 	FetchWait protocol.Duration `yaml:"fetch_wait"`
+	// ConsumerInactiveThreshold is the task consumer's inactive_threshold:
+	// the server deletes the consumer once the agent has neither asked for
+	// work nor held a task for this long, so agents that never come back
+	// (autoscaled hosts, renamed ids) do not pile up consumers (each ack
+	// scans every consumer of its shard, and a shard takes at most 1,000).
+	// An agent that comes back creates it again and finds its queued tasks.
+	// Defaults to 24h; negative: never deleted.
+	ConsumerInactiveThreshold protocol.Duration `yaml:"consumer_inactive_threshold"`
 	// Actions this agent runs. Defaults to none listed, which means every
 	// handler registered in code plus the harmless built-ins echo and sleep.
 	// When listed, exactly these run: shell and http run only when listed.
@@ -80,6 +88,9 @@ const (
 	DefaultMaxDeliver        = 5
 	DefaultDrainTimeout      = 30 * time.Second
 	DefaultFetchWait         = 30 * time.Second
+	// DefaultConsumerInactiveThreshold outlasts a night's outage and a
+	// weekend's scale-down is still cleaned up.
+	DefaultConsumerInactiveThreshold = 24 * time.Hour
 	DefaultLogLevel          = "info"
 	DefaultMaxResultBytes    = 256 << 10
 	maxResultBytesLimit      = 900 << 10
@@ -120,6 +131,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.FetchWait == 0 {
 		c.FetchWait = protocol.Duration(DefaultFetchWait)
+	}
+	if c.ConsumerInactiveThreshold == 0 {
+		c.ConsumerInactiveThreshold = protocol.Duration(DefaultConsumerInactiveThreshold)
 	}
 	if c.Shell.TailBytes == 0 {
 		c.Shell.TailBytes = actions.DefaultTailBytes
@@ -177,6 +191,9 @@ func (c Config) Validate() error {
 	}
 	if c.FetchWait.Std() < time.Second {
 		bad("fetch_wait must be at least 1s, got %s", c.FetchWait)
+	}
+	if t := c.ConsumerInactiveThreshold.Std(); t > 0 && t < time.Second {
+		bad("consumer_inactive_threshold must be at least 1s (negative: never), got %s", c.ConsumerInactiveThreshold)
 	}
 	seen := map[string]bool{}
 	for i, a := range c.Actions {

@@ -215,6 +215,11 @@ func (a *Agent) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The server counts pull requests and held tasks (until their ack wait
+	// passes; each lease extension restarts it) as activity, so a busy agent
+	// that does not pull keeps its consumer; restoreConsumer and the
+	// dispatch loop create it again should it go while the agent was away.
+	cc.InactiveThreshold = max(a.cfg.ConsumerInactiveThreshold.Std(), 0)
 	cons, err := stream.CreateOrUpdateConsumer(ctx, cc)
 	if err != nil {
 		// An earlier release kept the consumer on disk: the server does not
