@@ -49,6 +49,7 @@ type microRequest struct {
 	Since   string   `json:"since"`
 	Limit   int      `json:"limit"`
 	Cursor  string   `json:"cursor"`
+	After   uint64   `json:"after"`
 	Confirm string   `json:"confirm"`
 }
 
@@ -89,9 +90,11 @@ func endpoints() []endpoint {
 			}},
 		{group: "queues", op: "tasks", desc: "task streams and their depth by pool and agent",
 			f: func(ctx context.Context, o *Ops, _ microRequest, _ []byte) (any, error) { return o.Queues(ctx) }},
-		{group: "dlq", op: "list", desc: `dead letters: {"limit"}`,
+		{group: "dlq", op: "list", desc: `dead letter summaries, oldest first: {"after", "limit"} (the next page is after the last id)`,
 			f: func(ctx context.Context, o *Ops, r microRequest, _ []byte) (any, error) {
-				return o.DeadLetters(ctx, defaultLimit(r.Limit))
+				// Summaries, as the HTTP list serves: whole letters (a
+				// task payload each) made a reply past max_payload.
+				return o.DeadLetterPage(ctx, r.After, min(defaultLimit(r.Limit), MaxLetterPage))
 			}},
 		{group: "dlq", op: "show", desc: `one dead letter: {"id"}`,
 			f: func(ctx context.Context, o *Ops, r microRequest, _ []byte) (any, error) {

@@ -253,20 +253,6 @@ func (o *Ops) Overview(ctx context.Context) (Overview, error) {
 	return ov, nil
 }
 
-// DeadLetters lists up to limit dead letters, oldest first, without their
-// tasks' lease tokens (dlq.Letter).
-func (o *Ops) DeadLetters(ctx context.Context, limit int) ([]dlq.Letter, error) {
-	q, err := o.dlq(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ls, err := q.List(ctx, limit)
-	if ls == nil {
-		ls = []dlq.Letter{}
-	}
-	return ls, err
-}
-
 // DeadLetter returns one dead letter.
 func (o *Ops) DeadLetter(ctx context.Context, id uint64) (dlq.Letter, error) {
 	q, err := o.dlq(ctx)
