@@ -376,6 +376,15 @@ func (a *app) clusterRequest(ctx context.Context, name string, r protocol.Cluste
 			return clusterErr(err)
 		}
 		if err := st.WaitHandled(ctx, name, id); err != nil {
+			// Withdrawn: left in place, the leader elected later would
+			// carry out what this command reported as not done.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if werr := st.RemoveRequest(wctx, name, id); werr != nil {
+				err = fmt.Errorf("%w; the request could not be withdrawn (%v): it lapses within %s unless a leader takes it", err, werr, cluster.RequestTTL)
+			} else {
+				err = fmt.Errorf("%w; the request is withdrawn", err)
+			}
 			return &exitError{code: exitUnavailable, err: err}
 		}
 		ev, recorded, err := requestOutcome(ctx, c.JetStream(), id)

@@ -445,7 +445,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		_ = bounded(func(c context.Context) error {
 			return m.store.events.Publish(c, protocol.Event{Kind: protocol.EventClusterRequest, ID: r.ID, Reason: r.Reason, Data: data})
 		})
-		_ = bounded(func(c context.Context) error { return m.store.rt.Delete(c, protocol.ClusterRequestKey(def.Name, r.ID)) })
+		_ = bounded(func(c context.Context) error { return m.store.RemoveRequest(c, def.Name, r.ID) })
 		m.mu.Lock()
 		delete(m.requests, r.ID)
 		m.mu.Unlock()

@@ -33,7 +33,20 @@ type Store struct {
 	rt     jetstream.KeyValue // warden_cluster_runtime: what members write
 	events *events.Publisher
 	now    func() time.Time
+	// requestTTL is RequestTTL (shorter in tests).
+	requestTTL time.Duration
 }
+
+// RequestTTL is how long a request waits for a leader. The server removes
+// one no leader handled by then: a failover asked while the cluster had no
+// leader (the CLI gave up and said so) must not be carried out by the
+// leader elected hours later.
+const RequestTTL = 10 * time.Minute
+
+// requestMarkerTTL is how long the marker of a removed request stays: it
+// tells WaitHandled the request is gone, then the server removes it, so
+// handled requests leave nothing behind (a delete marker stayed for good).
+const requestMarkerTTL = time.Hour
 
 // Open binds a store to the cluster buckets (pkg/protocol: definitions
 // apart from what members write).
@@ -46,7 +59,7 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.BucketClusterRuntime, err)
 	}
-	return &Store{js: js, defs: defs, rt: rt, events: events.NewPublisher(js), now: time.Now}, nil
+	return &Store{js: js, defs: defs, rt: rt, events: events.NewPublisher(js), now: time.Now, requestTTL: RequestTTL}, nil
 }
 
 // Definitions is the definitions bucket.
@@ -201,7 +214,8 @@ func (s *Store) Reports(ctx context.Context, name string) ([]protocol.ClusterMem
 }
 
 // Request asks the cluster's leader for an operation and returns its id.
-// The leader deletes the request once handled (see WaitHandled).
+// The leader removes the request once handled (RemoveRequest, see
+// WaitHandled); one no leader handles within RequestTTL lapses.
 func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequest) (string, error) {
 	if _, _, err := s.Get(ctx, name); err != nil {
 		return "", err
@@ -211,13 +225,20 @@ func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequ
 	}
 	r.RequestedAt = s.now().UTC()
 	b, _ := json.Marshal(r)
-	if _, err := s.rt.Create(ctx, protocol.ClusterRequestKey(name, r.ID), b); err != nil {
+	if _, err := s.rt.Create(ctx, protocol.ClusterRequestKey(name, r.ID), b, jetstream.KeyTTL(s.requestTTL)); err != nil {
 		return "", fmt.Errorf("request %s on %s: %w", r.Op, name, err)
 	}
 	return r.ID, nil
 }
 
-// WaitHandled waits until the leader has handled (deleted) a request. A
+// RemoveRequest removes a request: the leader once it handled it, a caller
+// that gave up waiting (a leader that has not read it yet will not carry
+// it out; one that already took it may).
+func (s *Store) RemoveRequest(ctx context.Context, name, id string) error {
+	return s.rt.Purge(ctx, protocol.ClusterRequestKey(name, id), jetstream.PurgeTTL(requestMarkerTTL))
+}
+
+// WaitHandled waits until the leader has handled (removed) a request. A
 // request already gone when the watch first reads the bucket was handled
 // before it looked.
 func (s *Store) WaitHandled(ctx context.Context, name, id string) error {

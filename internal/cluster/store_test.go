@@ -61,3 +61,34 @@ func TestWaitHandled(t *testing.T) {
 		t.Fatalf("request deleted before the wait: %v", err)
 	}
 }
+
+// A handled request left a delete marker for good: every failover and
+// rebalance ever asked stayed in warden_cluster_runtime (and in every
+// member's watch). The leader's removal now carries a TTL.
+func TestHandledRequestLeavesNoLastingMarker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.define(t, protocol.ClusterDefinition{Name: "hm", Mode: protocol.ModeActiveActive})
+	b.start(t, "hm", "a")
+	ctx := context.Background()
+	id, err := b.store.Request(ctx, "hm", protocol.ClusterRequest{Op: protocol.RequestRebalance})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := b.store.WaitHandled(wctx, "hm", id); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketClusterRuntime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "$KV."+protocol.BucketClusterRuntime+"."+protocol.ClusterRequestKey("hm", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op, ttl := m.Header.Get("KV-Operation"), m.Header.Get("Nats-TTL"); op == "" || ttl == "" {
+		t.Fatalf("the handled request's marker: KV-Operation %q, Nats-TTL %q; want a marker that expires", op, ttl)
+	}
+}
