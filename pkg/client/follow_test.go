@@ -181,19 +181,33 @@ func TestJobsListsNewestFirstAndFilters(t *testing.T) {
 	succeed(t, b, "job-b", "fetch", "agent-1")
 	setJobState(t, b, "job-b", jobstore.JobRunning)
 
-	all, err := b.client.Jobs(ctx(t), client.JobFilter{})
+	page, err := b.client.Jobs(ctx(t), client.JobFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all) != 3 || all[0].ID != "job-c" || all[2].ID != "job-a" {
-		t.Fatalf("order wrong: %+v", all)
+	all := page.Jobs
+	if len(all) != 3 || all[0].ID != "job-c" || all[2].ID != "job-a" || page.Next != "" {
+		t.Fatalf("order wrong: %+v (next %q)", all, page.Next)
 	}
-	running, err := b.client.Jobs(ctx(t), client.JobFilter{State: jobstore.JobRunning})
+	page, err = b.client.Jobs(ctx(t), client.JobFilter{State: jobstore.JobRunning})
 	if err != nil {
 		t.Fatal(err)
 	}
+	running := page.Jobs
 	if len(running) != 1 || running[0].ID != "job-b" || running[0].StepsDone != 1 || running[0].StepsTotal != 4 {
 		t.Fatalf("running: %+v", running)
+	}
+	// Pages of two: the newest two, then the last one.
+	first, err := b.client.Jobs(ctx(t), client.JobFilter{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, err := b.client.Jobs(ctx(t), client.JobFilter{Limit: 2, Cursor: first.Next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Jobs) != 2 || first.Next == "" || len(rest.Jobs) != 1 || rest.Jobs[0].ID != "job-a" || rest.Next != "" {
+		t.Fatalf("pages of 2: %+v (next %q), then %+v (next %q)", first.Jobs, first.Next, rest.Jobs, rest.Next)
 	}
 }
 

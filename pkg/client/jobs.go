@@ -2,17 +2,13 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/jobstore"
-	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
@@ -26,60 +22,52 @@ type JobSummary struct {
 	StepsTotal int `json:"steps_total"`
 }
 
-// JobFilter narrows Jobs.
+// JobFilter narrows and pages Jobs.
 type JobFilter struct {
 	// State keeps only jobs in this state; empty keeps all.
 	State JobState
+	// Limit is the page size: 0 means 50, at most 1,000.
+	Limit int
+	// Cursor continues a listing: the Next of the page before.
+	Cursor string
 }
 
-// Jobs lists jobs, newest first. It reads the store in one pass (one watch
-// over job and step keys) rather than one request per job.
-func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]JobSummary, error) {
+// JobsPage is one page of Jobs, newest job first.
+type JobsPage struct {
+	Jobs []JobSummary `json:"jobs"`
+	// Next continues the listing (JobFilter.Cursor); empty on the last page.
+	Next string `json:"next,omitempty"`
+}
+
+// Jobs lists one page of jobs, newest first, as `warden jobs ls` does: it
+// reads the job records' headers, then only the page's jobs. (It read every
+// job and step record the store held, at every call.)
+func (c *Client) Jobs(ctx context.Context, f JobFilter) (JobsPage, error) {
 	st, err := c.store(ctx)
 	if err != nil {
-		return nil, err
+		return JobsPage{}, err
 	}
-	jobs := map[string]*Job{}
-	done := map[string]int{}
-	err = snapshot(ctx, c.js, st.KV(), []string{"job.*", "step.*.*"}, func(e jetstream.KeyValueEntry) error {
-		if strings.HasPrefix(e.Key(), "job.") {
-			var j jobstore.Job
-			if err := json.Unmarshal(e.Value(), &j); err != nil {
-				return fmt.Errorf("decode %s: %w", e.Key(), err)
-			}
-			jobs[j.ID] = redactJob(&j)
-			for _, s := range j.Steps { // a one-step job's step is inline
-				if s.State.Terminal() {
-					done[j.ID]++
-				}
-			}
-			return nil
-		}
-		var s jobstore.Step
-		if err := json.Unmarshal(e.Value(), &s); err != nil {
-			return fmt.Errorf("decode %s: %w", e.Key(), err)
-		}
-		if s.State.Terminal() {
-			done[s.JobID]++
-		}
-		return nil
-	})
+	lf := jobstore.ListFilter{Limit: f.Limit, Cursor: f.Cursor}
+	if f.State != "" {
+		lf.States = []JobState{f.State}
+	}
+	p, err := st.List(ctx, c.js, lf)
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return JobsPage{}, fmt.Errorf("list jobs: %w", err)
 	}
-	out := make([]JobSummary, 0, len(jobs))
-	for id, j := range jobs {
-		if f.State != "" && j.State != f.State {
-			continue
+	out := JobsPage{Jobs: make([]JobSummary, 0, len(p.Jobs)), Next: p.Next}
+	for _, lj := range p.Jobs {
+		if lj.Job == nil {
+			continue // its retention ended between the scan and the read
 		}
-		out = append(out, JobSummary{Job: j, StepsDone: done[id], StepsTotal: len(j.Spec.Steps)})
+		row := JobSummary{Job: redactJob(lj.Job), StepsTotal: len(lj.Job.Spec.Steps)}
+		for _, s := range lj.Steps {
+			if s.State.Terminal() {
+				row.StepsDone++
+			}
+		}
+		out.Jobs = append(out.Jobs, row)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.After(out[j].CreatedAt)
-		}
-		return out[i].ID < out[j].ID
-	})
 	return out, nil
 }
 
@@ -140,34 +128,4 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 		d.Steps = append(d.Steps, redactStep(s.Step))
 	}
 	return d, nil
-}
-
-// snapshot calls fn with the current value of every key matching filters:
-// one full read of internal/watch, stopped once it has been reported.
-func snapshot(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var ferr error
-	read := false
-	w := watch.ForKV(js, kv, watch.Config{Keys: filters, Synced: func(bool) {
-		read = true
-		cancel()
-	}})
-	// Run calls back on this goroutine and returns once ctx ends.
-	_ = w.Run(ctx, func(e watch.Event) {
-		if ferr != nil || read || e.Gone() {
-			return
-		}
-		if ferr = fn(e.Entry); ferr != nil {
-			cancel()
-		}
-	})
-	switch {
-	case ferr != nil:
-		return ferr
-	case read:
-		return nil
-	default:
-		return ctx.Err()
-	}
 }

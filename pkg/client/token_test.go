@@ -128,7 +128,7 @@ func TestViewsHideTheLeaseToken(t *testing.T) {
 	}
 
 	all, err := b.client.Jobs(ctx(t), client.JobFilter{})
-	if err != nil || len(all) != 2 {
+	if err != nil || len(all.Jobs) != 2 {
 		t.Fatalf("Jobs: %+v %v", all, err)
 	}
 	noToken(t, "Jobs", all)
