@@ -24,7 +24,18 @@ type Expr interface {
 //   - @yearly (@annually), @monthly, @weekly, @daily (@midnight), @hourly;
 //   - @every <duration> (at least 1s), ticking at anchor + k × duration.
 //
-// Cron times are in loc (UTC when nil).
+// Cron times are in loc (UTC when nil). Where loc's clocks change (daylight
+// saving), an expression fires as Vixie cron and cronie run it:
+//   - one with * in its minute or hour field (*/15 * * * *, 0 * * * *,
+//     @hourly) fires at every instant the clock shows a matching time: in
+//     both passes of an hour the clocks repeat, and not at all in an hour
+//     they skip;
+//   - one at fixed times of day (minute and hour fields without *: 30 1 * *
+//     *, 0 2 * * mon, @daily) fires once a day as the clock shows it: only
+//     in the first pass of a repeated hour, and at the change itself (3:00
+//     in New York's spring) for matching times the change skips.
+//
+// @every intervals are absolute time and ignore the clocks.
 func Parse(s string, anchor time.Time, loc *time.Location) (Expr, error) {
 	if loc == nil {
 		loc = time.UTC
@@ -86,6 +97,7 @@ func Parse(s string, anchor time.Time, loc *time.Location) (Expr, error) {
 	// unrestricted, so "0 0 */2 * mon" is odd days that are Mondays, not
 	// odd days or Mondays.
 	c.domStar, c.dowStar = unrestricted(f[3]), unrestricted(f[5])
+	c.fixed = !unrestricted(f[1]) && !unrestricted(f[2])
 	if c.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, loc)).IsZero() {
 		return nil, fmt.Errorf("schedule %q never fires", s)
 	}
@@ -162,6 +174,10 @@ type cron struct {
 	loc                             *time.Location
 	sec, min, hour, dom, month, dow uint64
 	domStar, dowStar                bool
+	// fixed: neither the minute nor the hour field starts with * (Vixie
+	// cron's test, seconds aside): times of day, which a clock change
+	// neither repeats nor drops (see Parse).
+	fixed bool
 }
 
 func (c cron) String() string { return c.src }
@@ -179,21 +195,97 @@ func (c cron) dayMatches(t time.Time) bool {
 	return d || w
 }
 
-// Next walks forward field by field (the classic approach); it gives up
-// after five years, returning the zero time, for expressions like Feb 30.
+// Next is the first tick after the given time: the first instant whose
+// wall clock matches (see walk), except that for fixed times of day
+// (c.fixed) an instant in the second pass of a repeated stretch is not a
+// tick, and the instant of a change that skipped a matching time is (see
+// Parse). It gives up after five years, returning the zero time, for
+// expressions like Feb 30.
+func (c cron) Next(after time.Time) time.Time {
+	from := after.In(c.loc).Truncate(time.Second).Add(time.Second)
+	limit := from.AddDate(5, 0, 0)
+	next := c.walk(from, limit)
+	if !c.fixed {
+		return next
+	}
+	for !next.IsZero() {
+		end, ok := repeated(next)
+		if !ok {
+			break
+		}
+		next = c.walk(end, limit)
+	}
+	if !next.IsZero() {
+		limit = next
+	}
+	if skip := c.skippedTo(from, limit); !skip.IsZero() {
+		return skip
+	}
+	return next
+}
+
+// repeated reports whether the clock showed t's wall time before: t is
+// within d after a change that set the clocks back by d. It returns the
+// end of that second pass.
+func repeated(t time.Time) (time.Time, bool) {
+	start, _ := t.ZoneBounds()
+	if start.IsZero() {
+		return time.Time{}, false
+	}
+	_, was := start.Add(-time.Nanosecond).Zone()
+	_, is := t.Zone()
+	back := time.Duration(was-is) * time.Second
+	if back <= 0 || !t.Before(start.Add(back)) {
+		return time.Time{}, false
+	}
+	return start.Add(back), true
+}
+
+// skippedTo returns the first clock change in [from, limit] that skipped
+// a matching wall time (one set forward over it), or the zero time.
+func (c cron) skippedTo(from, limit time.Time) time.Time {
+	at := from.Add(-time.Nanosecond) // a change at from counts
+	for {
+		_, change := at.ZoneBounds()
+		if change.IsZero() || change.After(limit) {
+			return time.Time{}
+		}
+		_, was := at.Zone()
+		_, is := change.Zone()
+		if fwd := time.Duration(is-was) * time.Second; fwd > 0 {
+			// The wall times [shown-fwd, shown) never appeared: walked
+			// as UTC, which has no changes, to see whether one matches.
+			shown := wallClock(change)
+			utc := c
+			utc.loc = time.UTC
+			if !utc.walk(shown.Add(-fwd), shown).IsZero() {
+				return change
+			}
+		}
+		at = change
+	}
+}
+
+// wallClock is t's wall time as the same reading in UTC.
+func wallClock(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, time.UTC)
+}
+
+// walk returns the first instant from t on (t included, before limit)
+// whose wall clock in c.loc matches every field, or the zero time. It
+// goes forward field by field (the classic approach).
 //
 // Every step moves t forward in absolute time. Hours and minutes advance
 // by adding time, so a daylight-saving change is walked through as the
-// clock shows it: the skipped hour has no ticks, the repeated one has
-// them again. Days and months go through time.Date, which for a wall time
-// inside a skipped hour (midnight, in some zones) answers with an earlier
-// instant; that answer is not taken. Built with time.Date throughout, the
-// walk went backwards at the spring change west of UTC and looped for
-// ever ("0 9 * * *" from 9 March 2024 in New York), wedging the schedule
-// relay, or returned a time not after its input.
-func (c cron) Next(after time.Time) time.Time {
-	t := after.In(c.loc).Truncate(time.Second).Add(time.Second)
-	limit := t.AddDate(5, 0, 0)
+// clock shows it: the skipped hour has no matches, the repeated one has
+// them again (Next decides which are ticks). Days and months go through
+// time.Date, which for a wall time inside a skipped hour (midnight, in
+// some zones) answers with an earlier instant; that answer is not taken.
+// Built with time.Date throughout, the walk went backwards at the spring
+// change west of UTC and looped for ever ("0 9 * * *" from 9 March 2024
+// in New York), wedging the schedule relay, or returned a time not after
+// its input.
+func (c cron) walk(t, limit time.Time) time.Time {
 	nextHour := func() time.Time {
 		return t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
 	}
