@@ -69,7 +69,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"dev", "--bin-dir", "/does/not/exist"},
 		// A word a group command does not know: it printed the group's
 		// help and exited 0, as if it had run.
-		{"job", "follow", "job-x"},
+		{"job", "folow", "job-x"},
 		{"dlq", "purg", "--yes"},
 		{"agent", "drian", "a1"},
 		// A bad cron expression is the command as called, server or not

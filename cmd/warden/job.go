@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) jobCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "job", Short: "Inspect, cancel or retry one job"}
+	cmd := &cobra.Command{Use: "job", Short: "Inspect, follow, cancel or retry one job"}
 	cmd.AddCommand(a.jobOpsCommands()...)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "show ID",
@@ -21,6 +21,7 @@ func (a *app) jobCommand() *cobra.Command {
 		Args:  exactArgs(1),
 		RunE:  func(cmd *cobra.Command, args []string) error { return a.showJob(cmd.Context(), args[0]) },
 	})
+	cmd.AddCommand(a.followCommand())
 	return cmd
 }
 

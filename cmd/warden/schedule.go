@@ -52,10 +52,13 @@ shorter of 1m and the interval).`,
 			}
 			d := schedule.Definition{Name: args[0], Schedule: expr, TimeZone: tz, Catchup: catchup,
 				Grace: protocol.Duration(grace), Spec: string(body)}
-			// Checked before connecting: a bad expression or spec is a usage
-			// error (2) even with the server down, not "unavailable" (4).
+			// Checked before connecting: a bad expression or spec is invalid
+			// input (2) even with the server down, not "unavailable" (4).
+			// It is said as it is, as submit says an invalid spec: the
+			// command was called right, and --help has nothing to add to
+			// "must not set idempotency_key".
 			if _, err := d.Validate(); err != nil {
-				return usageError("%w", err)
+				return invalidSchedule(err)
 			}
 			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
 				next, err := st.Add(ctx, d, replace)
@@ -63,7 +66,7 @@ shorter of 1m and the interval).`,
 				case errors.Is(err, schedule.ErrExists):
 					return &exitError{code: exitUsage, err: err}
 				case errors.Is(err, schedule.ErrInvalid):
-					return usageError("%v", err)
+					return invalidSchedule(err)
 				case err != nil:
 					return &exitError{code: exitUnavailable, err: err}
 				}
@@ -128,6 +131,13 @@ shorter of 1m and the interval).`,
 	}
 	cmd.AddCommand(add, ls, rm)
 	return cmd
+}
+
+// invalidSchedule is a definition schedule.Validate refused: invalid
+// input, exit 2, "invalid_argument" with --json, without the pointer to
+// --help that a usage error gets.
+func invalidSchedule(err error) error {
+	return &exitError{code: exitUsage, err: err}
 }
 
 // tickTime renders a tick in RFC 3339 in the schedule's zone (tz, UTC when

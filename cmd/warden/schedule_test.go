@@ -141,3 +141,25 @@ func TestScheduleAddPrintsNextTickWithZone(t *testing.T) {
 		}
 	}
 }
+
+// A schedule whose spec sets an idempotency_key was reported as a usage
+// error, with "Run 'warden --help' for usage." after it, as if the command
+// had been called wrong. It is invalid input, said as submit says an
+// invalid spec: exit 2, the reason alone, invalid_argument with --json.
+func TestScheduleAddInvalidSpecIsNotAUsageError(t *testing.T) {
+	t.Parallel()
+	spec := "name: report\nidempotency_key: nightly\nsteps: [{id: a, action: echo}]\n"
+	r := warden(t, spec, "schedule", "add", "keyed", "--cron", "0 3 * * *", "--server", "nats://127.0.0.1:1")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "idempotency_key") || strings.Contains(r.stderr, "--help") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming idempotency_key, without the pointer to --help", r.code, r.stderr)
+	}
+	r = warden(t, spec, "schedule", "add", "keyed", "--cron", "0 3 * * *", "--json", "--server", "nats://127.0.0.1:1")
+	var e struct {
+		Error    string `json:"error"`
+		Code     string `json:"code"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.Unmarshal([]byte(r.stderr), &e); err != nil || r.code != exitUsage || e.Code != "invalid_argument" || e.ExitCode != exitUsage {
+		t.Fatalf("--json: exit %d, stderr %q (%v)", r.code, r.stderr, err)
+	}
+}
