@@ -58,7 +58,7 @@ type Agent struct {
 	// the supervisor reduces the load of an unhealthy agent.
 	limit   atomic.Int32
 	running sync.Map // "<job>.<step>.<epoch>" -> *runningTask
-	// reported are the dispatches whose result this agent stored lately.
+	// reported are the results this agent stored lately (recent.go).
 	reported *recentReports
 	// pullCancel ends the pull request in progress (dispatch.go).
 	pullCancel atomic.Pointer[context.CancelFunc]
@@ -91,7 +91,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
 	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), reconnected: make(chan struct{}, 1), iso: newIsolation(cfg.MaxConcurrent),
-		reported: newRecentReports(recentReportsKept)}
+		reported: newRecentReports(recentReportsKept, recentReportBytes)}
 	a.limit.Store(int32(cfg.MaxConcurrent))
 	for _, o := range opts {
 		o(a)

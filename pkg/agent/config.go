@@ -38,8 +38,9 @@ type Config struct {
 	// MaxDeliver bounds deliveries of one task message (-1: unbounded).
 	// Defaults to 5.
 	MaxDeliver int `yaml:"max_deliver"`
-	// TaskShards is the number of task streams of the deployment; it must
-	// match the scheduler's. Defaults to 4.
+	// TaskShards is the number of task streams of the deployment, 1 to
+	// streams.MaxTaskShards (128); it must match the scheduler's. Defaults
+	// to 4.
 	TaskShards int `yaml:"task_shards"`
 	// DrainTimeout is how long in-flight tasks may finish after a stop
 	// request before they are cancelled and handed back. Defaults to 30s.
@@ -91,9 +92,9 @@ const (
 	// DefaultConsumerInactiveThreshold outlasts a night's outage and a
 	// weekend's scale-down is still cleaned up.
 	DefaultConsumerInactiveThreshold = 24 * time.Hour
-	DefaultLogLevel          = "info"
-	DefaultMaxResultBytes    = 256 << 10
-	maxResultBytesLimit      = 900 << 10
+	DefaultLogLevel                  = "info"
+	DefaultMaxResultBytes            = 256 << 10
+	maxResultBytesLimit              = 900 << 10
 
 	// maxConcurrentLimit is the task consumer's max_waiting bound.
 	maxConcurrentLimit = 512
@@ -183,8 +184,10 @@ func (c Config) Validate() error {
 	if c.MaxDeliver < -1 || c.MaxDeliver == 0 {
 		bad("max_deliver must be at least 1, or -1 for unbounded, got %d", c.MaxDeliver)
 	}
-	if c.TaskShards < 1 {
-		bad("task_shards must be at least 1, got %d", c.TaskShards)
+	if c.TaskShards < 1 || c.TaskShards > streams.MaxTaskShards {
+		// The scheduler's bound (streams.Options.Validate): an agent on a
+		// shard no scheduler has would wait for tasks that never come.
+		bad("task_shards must be between 1 and %d, got %d", streams.MaxTaskShards, c.TaskShards)
 	}
 	if c.DrainTimeout < 0 {
 		bad("drain_timeout must not be negative")

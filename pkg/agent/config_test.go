@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/streams"
 )
 
 func TestConfigDefaults(t *testing.T) {
@@ -90,4 +92,25 @@ func shippedAgentConfigDiff(path string) string {
 	want := agent.DefaultConfig()
 	want.ID = ""
 	return config.ShippedDiff(path, &agent.Config{}, want)
+}
+
+// task_shards has the scheduler's bounds (streams.Options.Validate): an
+// agent configured for a shard no scheduler has would wait for tasks that
+// never come.
+func TestConfigTaskShardsBounded(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		shards int
+		ok     bool
+	}{{-1, false}, {1, true}, {streams.MaxTaskShards, true}, {streams.MaxTaskShards + 1, false}, {1 << 20, false}} {
+		cfg := agent.DefaultConfig()
+		cfg.TaskShards = c.shards
+		err := cfg.Validate()
+		if c.ok && err != nil {
+			t.Errorf("task_shards %d: %v", c.shards, err)
+		}
+		if !c.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("task_shards must be between 1 and %d", streams.MaxTaskShards))) {
+			t.Errorf("task_shards %d: got %v, want the bounds named", c.shards, err)
+		}
+	}
 }

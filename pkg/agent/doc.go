@@ -36,8 +36,9 @@
 //     <job>.<step>.<epoch>.<token>) and stored (PubAck) before the task is
 //     acked: a task is never lost in between. The ack itself is a plain
 //     publish, not confirmed: if it is lost, the redelivery is acked unrun
-//     while this agent remembers the result, or else runs again, and its
-//     result is deduplicated or fenced by epoch.
+//     while this agent remembers the result (recentReports), which it
+//     publishes again unchanged, or else runs again, and its result is
+//     deduplicated or fenced by epoch. So is a task published again.
 //   - A handler's error decides the result: Permanent, Retriable and
 //     RetryAfter set error_class and retry_after; any error with an
 //     ErrorClass() string method is classified the same way; other errors

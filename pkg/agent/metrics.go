@@ -30,6 +30,7 @@ func (a *Agent) MetricsHandler() http.Handler {
 			{"warden_agent_tasks_rejected_total", "counter", "Task messages that could not be decoded.", float64(s.Rejected)},
 			{"warden_agent_tasks_expired_total", "counter", "Tasks not run or not reported because their deadline passed.", float64(s.Expired)},
 			{"warden_agent_tasks_handed_back_total", "counter", "Tasks handed back at shutdown.", float64(s.HandedBack)},
+			{"warden_agent_tasks_reported_again_total", "counter", "Deliveries of a task whose result was already stored here: acked unrun, the result published again.", float64(s.ReportedAgain)},
 			{"warden_agent_draining", "gauge", "1 while the agent takes no new tasks: shutting down, or drained by an operator or self-healing (as its heartbeat says).", boolFloat(a.draining.Load() || a.held.Load())},
 		} {
 			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %g\n", m.name, m.help, m.name, m.kind, m.name, labels, m.value)

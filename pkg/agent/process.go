@@ -62,10 +62,12 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	// Checked after registering: a run that ended has recorded its report
 	// before it stopped counting as running. A stored result settles this
 	// delivery whatever brought it (a lost ack, a task published again as
-	// another message, which the run's own ack does not settle).
-	if a.reported.has(runKey) {
-		log.Info().Msg("delivered again after its result was stored here: acking it without running it again")
-		a.ackReported(msg, log)
+	// another message, which the run's own ack does not settle, a
+	// redelivery): see recentReports.
+	if stored, ok := a.reported.get(pt, received); ok {
+		log.Info().Bool("result_kept", stored != nil).
+			Msg("delivered again after its result was stored here: reporting that result again and acking it, unrun")
+		a.reportAgain(workCtx, msg, stored, pt.Deadline, log)
 		return
 	}
 	if dup {
@@ -90,9 +92,9 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	if !pt.ExpiresAt.IsZero() && received.After(pt.ExpiresAt) {
 		// Expired in a queue: say so, so the step fails with a reason
 		// instead of running late.
-		log.Warn().Time("expires_at", pt.ExpiresAt).Msg("task expired before it started")
-		err := Permanent(fmt.Errorf("expired: not started by %s", pt.ExpiresAt.UTC().Format(time.RFC3339)))
-		a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
+		log.Warn().Time("expires_at", pt.ExpiresAt).Int("attempt", pt.Attempt).Msg("task expired before it started")
+		err := Permanent(a.expiredError(pt, received))
+		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, received, nil, err), log)
 		return
 	}
 	// A hand-back redelivers at once: the run stops counting as running
@@ -124,7 +126,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		if errors.Is(cause, ErrCancelled) {
 			// Handed back, the redelivery would carry no cancel and run.
 			log.Info().Msg("cancelled while waiting to run: reporting it cancelled unrun")
-			a.report(workCtx, msg, runKey, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, cancelledBy(cause)), log)
+			a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, cancelledBy(cause)), log)
 			return
 		}
 		log.Info().Msg("stopped while waiting to run: handing the task back")
@@ -186,7 +188,32 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		}
 	}
 	res := buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), o.out, o.err)
-	a.report(workCtx, msg, runKey, p, res, log)
+	a.report(workCtx, msg, pt, p, res, log)
+}
+
+// expiredError is the failure reported for task t, received at now after
+// its expires_at. A first attempt never ran: "expired: not started by …".
+// A retry (attempt > 1) follows a failure, and that failure, not the
+// expiry, is what the step's error must say: the error a result reports
+// becomes the step's last_error, and "expired" alone read as a step that
+// never ran. If this agent reported that failure (recentReports), the
+// report repeats it as the scheduler words a retry its expiry stopped
+// (jobstore's FailPastExpiry): "<error> (not retried: its expires_at …
+// passed)". Otherwise it says that a retry expired, and where the step's
+// error is.
+func (a *Agent) expiredError(t protocol.Task, now time.Time) error {
+	at := t.ExpiresAt.UTC().Format(time.RFC3339)
+	if t.Attempt <= 1 {
+		return fmt.Errorf("expired: not started by %s", at)
+	}
+	suffix := " (not retried: its expires_at " + at + " passed)"
+	if prev, ok := a.reported.previousError(t, now); ok {
+		if room := maxErrorBytes - len(suffix) - len(truncatedSuffix); len(prev) > room {
+			prev = cutUTF8(prev, room) + truncatedSuffix // the suffix is kept whole
+		}
+		return errors.New(prev + suffix)
+	}
+	return fmt.Errorf("expired: attempt %d, a retry, not started by %s; not retried: the step's error is that of its attempt before, in its attempts", t.Attempt, at)
 }
 
 // cancelledBy is the error of a step an operator cancelled: permanent, and

@@ -36,9 +36,9 @@ const publishAttempt = 2 * time.Second
 
 // report publishes the result and, only once the server stored it (PubAck),
 // acks the task: a task is never lost between the two. Nothing is published
-// at or after the step's deadline. runKey is the dispatch's key, remembered
-// as reported before the ack (recentReports).
-func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string, p plan, res protocol.Result, log zerolog.Logger) {
+// at or after the step's deadline. The stored result is remembered for t
+// before the ack (recentReports).
+func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, t protocol.Task, p plan, res protocol.Result, log zerolog.Logger) {
 	// Cut from the handler's own result every time, so that the output's
 	// original_bytes is its size, not that of an earlier cut.
 	orig := res
@@ -111,9 +111,35 @@ func (a *Agent) report(workCtx context.Context, msg jetstream.Msg, runKey string
 		a.stats.failed.Add(1)
 	}
 	logResult(log, res)
-	a.reported.add(runKey)
+	a.reported.add(t, res, m, p.reportBy, a.now())
 	if a.hooks != nil && a.hooks.Reported != nil {
 		a.hooks.Reported(res.JobID, res.StepID)
+	}
+	a.ackReported(msg, log)
+}
+
+// reportAgain settles a delivery of a task whose result this agent has
+// stored already (recentReports): it publishes that result again, if it
+// is kept (stored is nil if not) and the task's deadline has not passed
+// (nothing is published at or after it), then acks the task. The copy has
+// the original's body and Nats-Msg-Id: the results stream drops it as a
+// duplicate within its window, and the scheduler takes it for the result
+// it applied (alreadyApplied) after that; a result that was lost is
+// restored. The ack does not depend on the copy: the original is stored.
+func (a *Agent) reportAgain(workCtx context.Context, msg jetstream.Msg, stored *nats.Msg, deadline time.Time, log zerolog.Logger) {
+	a.stats.reportedAgain.Add(1)
+	if stored != nil && (deadline.IsZero() || a.now().Before(deadline)) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), publishAttempt)
+		if !deadline.IsZero() {
+			var cancelBy context.CancelFunc
+			ctx, cancelBy = context.WithDeadline(ctx, deadline)
+			defer cancelBy()
+		}
+		_, err := a.js.PublishMsg(ctx, stored)
+		cancel()
+		if err != nil {
+			log.Warn().Err(err).Msg("publishing the stored result again failed; acking the task anyway: the result is stored")
+		}
 	}
 	a.ackReported(msg, log)
 }

@@ -22,17 +22,21 @@ type Stats struct {
 	Rejected   uint64 `json:"rejected"`    // task messages that could not be decoded (terminated)
 	Expired    uint64 `json:"expired"`     // tasks not run or not reported because their deadline passed
 	HandedBack uint64 `json:"handed_back"` // tasks handed back (Nak) at shutdown
+	// ReportedAgain are deliveries of a task whose result this agent had
+	// already stored: acked unrun, the result published again (recent.go).
+	ReportedAgain uint64 `json:"reported_again"`
 }
 
 type counters struct {
-	inFlight   atomic.Int64
-	abandoned  atomic.Int64
-	succeeded  atomic.Uint64
-	failed     atomic.Uint64
-	leaseLost  atomic.Uint64
-	rejected   atomic.Uint64
-	expired    atomic.Uint64
-	handedBack atomic.Uint64
+	inFlight      atomic.Int64
+	abandoned     atomic.Int64
+	succeeded     atomic.Uint64
+	failed        atomic.Uint64
+	leaseLost     atomic.Uint64
+	rejected      atomic.Uint64
+	expired       atomic.Uint64
+	handedBack    atomic.Uint64
+	reportedAgain atomic.Uint64
 	// queueDepth is the pending count of the last task fetched (0 after a
 	// pull that found nothing): the tasks still waiting on the consumer.
 	// Held back (no pulls), the consumer's info refreshes it (depth.go).
@@ -65,14 +69,15 @@ func (a *Agent) selfHealth() *float64 {
 func (a *Agent) Stats() Stats {
 	c := &a.stats
 	return Stats{
-		InFlight:   int(c.inFlight.Load()),
-		Abandoned:  int(c.abandoned.Load()),
-		Succeeded:  c.succeeded.Load(),
-		Failed:     c.failed.Load(),
-		LeaseLost:  c.leaseLost.Load(),
-		Rejected:   c.rejected.Load(),
-		Expired:    c.expired.Load(),
-		HandedBack: c.handedBack.Load(),
+		InFlight:      int(c.inFlight.Load()),
+		Abandoned:     int(c.abandoned.Load()),
+		Succeeded:     c.succeeded.Load(),
+		Failed:        c.failed.Load(),
+		LeaseLost:     c.leaseLost.Load(),
+		Rejected:      c.rejected.Load(),
+		Expired:       c.expired.Load(),
+		HandedBack:    c.handedBack.Load(),
+		ReportedAgain: c.reportedAgain.Load(),
 	}
 }
 
