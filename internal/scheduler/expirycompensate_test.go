@@ -105,3 +105,36 @@ func TestExpiredStepCompensatesCompletedSteps(t *testing.T) {
 	})
 	t.Logf("job %s (%s)", job.State, job.Error)
 }
+
+// A retry's task that expired in an agent's queue was reported "expired:
+// not started by …" (by an agent that had not run the attempt before, or
+// any protocol agent), and that became the step's last error: the step
+// read as one that never ran, its real failure only in the attempts. It
+// now fails with the attempt before's error, as a retry whose backoff
+// ends past the expiry does.
+func TestRetryExpiredInTheQueueKeepsTheStepsError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	scriptedAgent(t, b, func(task *agent.Task) error {
+		if task.Attempt == 1 {
+			return agent.Retriable(errors.New("disk full on /var"))
+		}
+		// What an agent that did not run attempt 1 reports for a retry
+		// it received past expires_at.
+		return agent.Permanent(errors.New("expired: not started by " + task.ExpiresAt.UTC().Format(time.RFC3339)))
+	})
+	publishJobs(t, b, 1, "exp", `{"name":"exp","steps":[{"id":"s","action":"echo","ttl":"1m","max_retries":3,
+  "retry":{"base_backoff":"100ms","max_backoff":"100ms"}}]}`)
+	b.waitJobWithin(t, "exp-0000", jobstore.JobFailed, 20*time.Second)
+	st, _, err := b.store.Step(context.Background(), "exp-0000", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(st.LastError, "disk full on /var (not retried: its expires_at") || st.Attempt != 2 {
+		t.Fatalf("step %s after attempt %d with error %q; want attempt 1's error, not retried", st.State, st.Attempt, st.LastError)
+	}
+	if n := len(st.Attempts); n != 2 || !strings.HasPrefix(st.Attempts[1].Error, "expired:") {
+		t.Fatalf("attempts %+v; want the second to keep the agent's expired", st.Attempts)
+	}
+}

@@ -238,10 +238,19 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		// A cluster member refused it (cluster.go): route it again shortly.
 		delay = rerouteDelay
 	}
+	before := st.LastError // the attempt before's failure, on a retry
 	outcome, err := st.ApplyResult(*r, again, now)
 	if err != nil {
 		w.s.rejectResult(jt, k, reasonWrongToken, err, r)
 		return
+	}
+	if outcome == jobstore.OutcomeFailed && retryExpiredUnrun(st, r, before) {
+		// The retry's task waited past expires_at in the agent's queue and
+		// never ran: the step failed with the attempt before's error, as
+		// a retry whose backoff ends past the expiry does (below). The
+		// agent's "expired: …" stays in the attempt's record.
+		st.LastError = before
+		st.FailPastExpiry(now)
 	}
 	if r.Status != protocol.ResultSucceeded {
 		if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == r.Epoch && r.ErrorClass != protocol.ClassReroute {
@@ -282,6 +291,16 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		log.Warn().Str("error", r.Error).Str("class", decision.Class).Bool("retriable", decision.Retriable).Int("attempt", st.Attempt).Msg("step failed")
 		js.stepEnded(i, now)
 	}
+}
+
+// retryExpiredUnrun reports whether r says a retry of st (its attempt
+// before failed with before) expired unrun in the agent's queue: its error
+// starts "expired" (docs/protocol.md), the step has an expiry, and an
+// earlier attempt left an error. An agent that reported that earlier
+// failure itself says so already ("<error> (not retried: …)").
+func retryExpiredUnrun(st *jobstore.Step, r *protocol.Result, before string) bool {
+	return st.Attempt > 1 && before != "" && !st.ExpiresAt.IsZero() && r.Status == protocol.ResultFailed &&
+		strings.HasPrefix(r.Error, jobstore.ReasonExpired+":")
 }
 
 // rejectResult records a refused result as an event saying why and
