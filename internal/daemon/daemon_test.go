@@ -162,3 +162,27 @@ func TestPrintConfigHidesSecrets(t *testing.T) {
 		t.Fatalf("--print-config lost what is not secret:\n%s", out.String())
 	}
 }
+
+// --print-config showed the file's nats.ca and inbox_prefix while the
+// connection uses NATS_CA and NATS_INBOX_PREFIX over them: the printed
+// configuration was not the one in force.
+func TestPrintConfigShowsTheNATSEnvironmentInForce(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "api.yaml")
+	if err := os.WriteFile(file, []byte("nats:\n  ca: /etc/file-ca.pem\n  inbox_prefix: _INBOX.file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	env := envOf(map[string]string{"NATS_CA": "/run/env-ca.pem", "NATS_INBOX_PREFIX": "_INBOX.env"})
+	if _, printed, err := API.resolve([]string{"--config", file, "--print-config"}, &out, &bytes.Buffer{}, env); err != nil || !printed {
+		t.Fatalf("--print-config: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"/run/env-ca.pem", "_INBOX.env"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--print-config does not show %q, which the connection uses:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "file-ca") {
+		t.Errorf("--print-config shows the file's ca, which NATS_CA replaces:\n%s", out.String())
+	}
+}

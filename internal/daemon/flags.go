@@ -88,6 +88,9 @@ func (p Process[C]) resolveConfig(args []string, out, usage io.Writer, env func(
 			shown = r.Redacted()
 		}
 		if cm := p.Common(&shown); cm.NATS != nil {
+			// What the connection will use: NATS_CA and NATS_INBOX_PREFIX
+			// beat the file's nats.ca and inbox_prefix (natsconn.Connect).
+			*cm.NATS = cm.NATS.WithEnvFrom(env)
 			cm.NATS.URL = natsconn.Redact(cm.NATS.URL)
 		}
 		enc := yaml.NewEncoder(out)

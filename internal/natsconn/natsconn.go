@@ -43,20 +43,25 @@ var EnvVars = []string{"NATS_URL", "NATS_CREDS", "NATS_CA", "NATS_INBOX_PREFIX"}
 // those variables also set, already resolved them (flag > environment >
 // file). CA and InboxPrefix have no flag: NATS_CA and NATS_INBOX_PREFIX,
 // when set, replace them, so the environment beats the file for them too.
-func (o Options) WithEnv() Options {
+func (o Options) WithEnv() Options { return o.WithEnvFrom(os.LookupEnv) }
+
+// WithEnvFrom is WithEnv reading the environment through lookup (what a
+// process with an injected environment, --print-config among them, uses).
+func (o Options) WithEnvFrom(lookup func(string) (string, bool)) Options {
+	get := func(k string) string { v, _ := lookup(k); return v }
 	if o.URL == "" {
-		o.URL = os.Getenv("NATS_URL")
+		o.URL = get("NATS_URL")
 	}
 	if o.URL == "" {
 		o.URL = DefaultURL
 	}
 	if o.Creds == "" {
-		o.Creds = os.Getenv("NATS_CREDS")
+		o.Creds = get("NATS_CREDS")
 	}
-	if v := os.Getenv("NATS_CA"); v != "" {
+	if v := get("NATS_CA"); v != "" {
 		o.CA = v
 	}
-	if v := os.Getenv("NATS_INBOX_PREFIX"); v != "" {
+	if v := get("NATS_INBOX_PREFIX"); v != "" {
 		o.InboxPrefix = v
 	}
 	return o
