@@ -14,6 +14,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -28,7 +29,7 @@ type Config struct {
 	RetryAfter time.Duration
 	// MaxWaiters bounds a key's queue. Defaults to 2000. A key's holders
 	// and waiters live in one KV value, which must fit a message (1 MiB;
-	// an entry is up to ~300 bytes): past the bound a step is not queued
+	// an entry is up to ~320 bytes): past the bound a step is not queued
 	// but told to ask again after RetryAfter, and takes a slot only when
 	// the queue has shrunk below it. Without it, enough steps waiting on
 	// one key made the value unwritable and every step using the key
@@ -153,11 +154,44 @@ func (l *Limiter) letGo(key string, ks *keyState) {
 type entry struct {
 	ID    string    `json:"id"`
 	Until time.Time `json:"until"`
-	// Since is when a waiter first asked (its place in the queue).
+	// Since is when a waiter first asked.
 	Since time.Time `json:"since,omitzero"`
+	// Priority is a waiter's priority; empty for normal (and in records
+	// of versions that did not know priorities, which read as normal).
+	Priority spec.Priority `json:"priority,omitempty"`
 }
 
-// record is a key's state.
+// stored is priority p as a waiter's entry keeps it: normal (and an
+// unknown priority, which ranks as normal) as empty, so that a queue of
+// normal steps is written as before priorities were.
+func stored(p spec.Priority) spec.Priority {
+	if rankOf(p) == spec.PriorityNormal.Rank() {
+		return ""
+	}
+	return p
+}
+
+// rankOf is p's rank; an unknown priority (written by a newer version)
+// ranks as normal.
+func rankOf(p spec.Priority) int {
+	if r := p.Rank(); r >= 0 {
+		return r
+	}
+	return spec.PriorityNormal.Rank()
+}
+
+// served compares waiters a and b in the order they are served: higher
+// priority first. Waiters of one priority are served in arrival order,
+// which is their order in the record (order keeps it): the order their
+// compare-and-set writes landed in, which their Since (each scheduler's
+// clock) only approximates.
+func served(a, b entry) int {
+	return rankOf(b.Priority) - rankOf(a.Priority)
+}
+
+// record is a key's state. Its waiters are written in the order they are
+// served, so that a version that did not know priorities, which serves
+// them in the order written, serves them by priority too.
 type record struct {
 	Limit   int     `json:"limit"`
 	Holders []entry `json:"holders,omitempty"`
@@ -169,6 +203,15 @@ func (r *record) prune(now time.Time) {
 	live := func(e entry) bool { return now.After(e.Until) }
 	r.Holders = slices.DeleteFunc(r.Holders, live)
 	r.Waiters = slices.DeleteFunc(r.Waiters, live)
+}
+
+// order sorts the waiters in the order they are served (served), keeping
+// the order of waiters of one priority. A record is written so, and an
+// older version's writes keep it so (they drop every priority: all are
+// normal, in the order written, a newcomer last); order matters when a
+// waiter asks at another priority.
+func (r *record) order() {
+	slices.SortStableFunc(r.Waiters, served)
 }
 
 // ErrConflict is returned when a key stayed contended for every CAS
@@ -293,14 +336,10 @@ func (r record) clone() record {
 }
 
 // Acquire asks for a slot of key (at most limit holders) for holder, for
-// lease. It is granted when holder already holds a slot (its lease is
-// renewed) or a slot is free and no older waiter is ahead; otherwise holder
-// is queued (or keeps its place) and retryAt says when to ask again at the
-// latest (soon for the next in line, about half the wait lease for those
-// further back, who are woken through Release). limit is the key's limit as the spec states it; the latest
-// caller's limit wins.
+// lease, at normal priority: AcquireGrant, answering only whether it was
+// granted.
 func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder string, lease time.Duration) (granted bool, retryAt time.Time, err error) {
-	g, retryAt, err := l.AcquireGrant(ctx, key, limit, holder, lease)
+	g, retryAt, err := l.AcquireGrant(ctx, key, limit, holder, lease, spec.PriorityNormal)
 	return g.Granted, retryAt, err
 }
 
@@ -311,17 +350,29 @@ type Grant struct {
 	Until            time.Time
 }
 
-// AcquireGrant is Acquire, saying what was granted, so that a caller that
-// gives the slot back unused can release only what it took (ReleaseGrant).
-// Several schedulers may ask for the same holder (a step's id): the second
-// is granted the first's slot as a renewal.
-func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holder string, lease time.Duration) (g Grant, retryAt time.Time, err error) {
+// AcquireGrant asks for a slot of key (at most limit holders) for holder,
+// waiting at priority p, for lease. It is granted when holder already
+// holds a slot (its lease is renewed) or a slot is free for it: fewer
+// waiters are served before it (higher priority, or the same and earlier)
+// than slots are free. Otherwise holder is queued (or keeps its place;
+// asked with another priority, it moves to that priority's place) and
+// retryAt says when to ask again at the latest (soon for the next in
+// line, about half the wait lease for those further back, who are woken
+// through Release). limit is the key's limit as the spec states it; the
+// latest caller's limit wins.
+//
+// It says what was granted, so that a caller that gives the slot back
+// unused can release only what it took (ReleaseGrant). Several schedulers
+// may ask for the same holder (a step's id): the second is granted the
+// first's slot as a renewal.
+func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holder string, lease time.Duration, p spec.Priority) (g Grant, retryAt time.Time, err error) {
 	if limit < 1 {
 		return Grant{}, time.Time{}, fmt.Errorf("concurrency key %s: limit %d", key, limit)
 	}
 	if l.stillFull(key, holder) {
 		return Grant{}, l.overflowRetry(), nil
 	}
+	p = stored(p)
 	var full map[string]bool // the waiters of a key found full
 	err = l.update(ctx, key, func(r *record) bool {
 		now := l.cfg.Now()
@@ -334,14 +385,29 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 			return true
 		}
 		free := limit - len(r.Holders)
-		pos := slices.IndexFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
-		ahead := pos
-		if pos < 0 {
-			ahead = len(r.Waiters)
+		isHolder := func(e entry) bool { return e.ID == holder }
+		pos := slices.IndexFunc(r.Waiters, isHolder)
+		queued := pos >= 0
+		moved := queued && r.Waiters[pos].Priority != p
+		if moved {
+			// Asked at another priority (or an older version wrote the
+			// queue without priorities): it takes that priority's place.
+			r.Waiters[pos].Priority = p
+		}
+		r.order()
+		me := entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease), Priority: p}
+		// ahead: how many are served before it; its index in the queue.
+		ahead := slices.IndexFunc(r.Waiters, isHolder)
+		if !queued {
+			// A newcomer's place: behind every waiter of its priority or
+			// higher.
+			if ahead = slices.IndexFunc(r.Waiters, func(e entry) bool { return served(e, me) > 0 }); ahead < 0 {
+				ahead = len(r.Waiters)
+			}
 		}
 		if ahead < free {
-			if pos >= 0 {
-				r.Waiters = slices.Delete(r.Waiters, pos, pos+1)
+			if queued {
+				r.Waiters = slices.Delete(r.Waiters, ahead, ahead+1)
 			}
 			r.Holders = append(r.Holders, entry{ID: holder, Until: now.Add(lease)})
 			g = Grant{Granted: true, Until: now.Add(lease)}
@@ -361,13 +427,13 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 				}
 			}
 		}
-		if pos >= 0 {
+		if queued {
 			// Still queued: renew the wait lease only when half of it is
 			// gone, so that waiters asking again mostly just read.
-			if r.Waiters[pos].Until.Sub(now) > l.cfg.WaitLease/2 {
+			if !moved && r.Waiters[ahead].Until.Sub(now) > l.cfg.WaitLease/2 {
 				return false
 			}
-			r.Waiters[pos].Until = now.Add(l.cfg.WaitLease)
+			r.Waiters[ahead].Until = now.Add(l.cfg.WaitLease)
 		} else if len(r.Waiters) >= l.cfg.MaxWaiters {
 			// The queue is full: not queued, ask again.
 			retryAt = l.overflowRetry()
@@ -377,7 +443,7 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 			}
 			return false
 		} else {
-			r.Waiters = append(r.Waiters, entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease)})
+			r.Waiters = slices.Insert(r.Waiters, ahead, me)
 		}
 		return true
 	})
@@ -448,7 +514,8 @@ func (l *Limiter) overflowRetry() time.Time {
 
 // Release gives up holder's slot of key (a no-op if it holds none, e.g.
 // its lease ended) and removes it from the queue. It returns the waiters
-// the freed slots now belong to, oldest first, so the caller can wake them.
+// the freed slots now belong to, in the order they are served (as
+// AcquireGrant grants), so the caller can wake them.
 func (l *Limiter) Release(ctx context.Context, key, holder string) (next []string, err error) {
 	return l.release(ctx, key, holder, time.Time{})
 }
@@ -475,6 +542,7 @@ func (l *Limiter) release(ctx context.Context, key, holder string, until time.Ti
 		}
 		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
 		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
+		r.order()
 		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
 			next = append(next, r.Waiters[i].ID)
 		}
@@ -490,7 +558,8 @@ type State struct {
 	Waiters []string
 }
 
-// Inspect returns key's live holders and waiters.
+// Inspect returns key's live holders and its live waiters in the order
+// they are served.
 func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
 	var st State
 	e, err := l.kv.Get(ctx, key)
@@ -505,6 +574,7 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
 		return st, err
 	}
 	r.prune(l.cfg.Now())
+	r.order()
 	st.Limit = r.Limit
 	for _, h := range r.Holders {
 		st.Holders = append(st.Holders, h.ID)

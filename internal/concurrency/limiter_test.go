@@ -14,6 +14,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/concurrency"
 	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -63,6 +64,20 @@ func acquire(t *testing.T, l *concurrency.Limiter, key string, limit int, holder
 		t.Fatalf("%s refused without a retry time", holder)
 	}
 	return ok
+}
+
+// acquireAt is acquire for a step of priority p; it also says when to ask
+// again.
+func acquireAt(t *testing.T, l *concurrency.Limiter, key string, limit int, holder string, p spec.Priority) (bool, time.Time) {
+	t.Helper()
+	g, retryAt, err := l.AcquireGrant(context.Background(), key, limit, holder, 10*time.Second, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Granted && retryAt.IsZero() {
+		t.Fatalf("%s refused without a retry time", holder)
+	}
+	return g.Granted, retryAt
 }
 
 func TestWaitersInOrderAcrossSchedulers(t *testing.T) {
@@ -211,9 +226,10 @@ func TestCrashedHolderFreedByLease(t *testing.T) {
 	}
 }
 
-// TestNeverOverLimit runs 40 workers per scheduler competing for one key
-// with limit 3; each holds its slot briefly and records how many hold it at
-// once (as the agents' start/finish records would show).
+// TestNeverOverLimit runs 40 workers per scheduler, of every priority,
+// competing for one key with limit 3; each holds its slot briefly and
+// records how many hold it at once (as the agents' start/finish records
+// would show).
 func TestNeverOverLimit(t *testing.T) {
 	t.Parallel()
 	ls := setup(t, 2, concurrency.Config{RetryAfter: 20 * time.Millisecond})
@@ -227,7 +243,8 @@ func TestNeverOverLimit(t *testing.T) {
 		wg.Go(func() {
 			holder := fmt.Sprintf("job%d.s", w)
 			for ctx.Err() == nil {
-				ok, retryAt, err := l.Acquire(ctx, "hot", limit, holder, 30*time.Second)
+				g, retryAt, err := l.AcquireGrant(ctx, "hot", limit, holder, 30*time.Second, spec.Priorities[w%len(spec.Priorities)])
+				ok := g.Granted
 				if errors.Is(err, concurrency.ErrConflict) {
 					continue
 				}

@@ -15,6 +15,10 @@
 // without polling. Idle records expire with the bucket's TTL (an idle
 // limit is full again, which is what its expiry means anyway).
 //
+// A limit keeps no queue and knows no priorities: whoever asks first once
+// a grant is possible takes it. The order of waiting steps is their
+// callers' (the scheduler hands out retry times in lines by priority).
+//
 // A grant whose call never happens (the scheduler's dispatch did not land)
 // is given back with Return, so it is offered again rather than lost.
 // What is not caught up is time nobody asked: like any token bucket, a

@@ -32,29 +32,43 @@ type gates struct {
 	rate *ratelimit.Limiter
 	sub  *nats.Subscription // SubjectControlGateFreed
 
-	// mu guards nextTry: per rate limit, the next retry time handed out,
-	// so that steps refused by a limit come back one after another rather
-	// than all at its next grant (a herd that costs turns and grants).
+	// mu guards nextTry: per rate limit and base priority rank, the
+	// next retry time handed out, so that steps refused by a limit come
+	// back one after another rather than all at its next grant (a herd
+	// that costs turns and grants), and before the lower steps refused
+	// before them.
 	mu      sync.Mutex
-	nextTry map[string]time.Time
+	nextTry map[string]*[4]time.Time
 }
 
-// rateRetry spreads the retries of steps refused by limit name: each gets
-// the later of the limiter's answer and the last one handed out plus half
-// an emission interval (other schedulers compete for the same grants).
-func (s *Scheduler) rateRetry(name string, at time.Time) time.Time {
+// rateRetry spreads the retries of steps refused by limit name: a step of
+// priority p gets the later of the limiter's answer and the last one
+// handed out to its priority or a higher one, plus half an emission
+// interval (other schedulers compete for the same grants). The lines of
+// lower priorities do not hold it back: a high step refused behind
+// hundreds of low ones asks again at the limit's next grant, and low
+// steps refused after it come back after it.
+func (s *Scheduler) rateRetry(name string, p spec.Priority, at time.Time) time.Time {
 	lim := s.cfg.RateLimits[name].WithDefaults()
 	step := lim.Interval.Std() / time.Duration(2*lim.Limit)
 	g := &s.gates
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.nextTry == nil {
-		g.nextTry = map[string]time.Time{}
+		g.nextTry = map[string]*[4]time.Time{}
 	}
-	if n := g.nextTry[name]; n.After(at) {
-		at = n
+	lines := g.nextTry[name]
+	if lines == nil {
+		lines = new([4]time.Time)
+		g.nextTry[name] = lines
 	}
-	g.nextTry[name] = at.Add(step)
+	r := baseRank(p)
+	for _, n := range lines[r:] {
+		if n.After(at) {
+			at = n
+		}
+	}
+	lines[r] = at.Add(step)
 	return at
 }
 
@@ -144,6 +158,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 		return false, now.Add(10 * time.Millisecond), st.Waiting, nil
 	}
 	holder := holderID(st.JobID, st.ID)
+	prio := sp.StepPriority(ss) // as dispatch resolves it; keys and rate limits serve it without aging
 	if until, ok := w.gated[st.JobID][st.ID]; ok && now.Before(until) {
 		// Queued behind others (a concurrency key's queue, or its place
 		// in a rate limit's line): a Release wakes it (gateFreed), or its
@@ -165,7 +180,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 	var held []gateGrant
 	undo := func() { w.giveBackSlots(ctx, st, held) }
 	for _, k := range keys {
-		g, at, err := w.s.gates.conc.AcquireGrant(ctx, k.Key, k.Limit, holder, lease)
+		g, at, err := w.s.gates.conc.AcquireGrant(ctx, k.Key, k.Limit, holder, lease, prio)
 		if err != nil {
 			undo()
 			return false, now.Add(w.s.cfg.CapacityRetry.Std()), jobstore.WaitingKeyError(k.Key, err), nil
@@ -195,7 +210,7 @@ func (w *worker) admit(jt *jobTurn, i int, now time.Time) (ok bool, retryAt time
 			// Asking twice put the step in line twice, which stretched
 			// the line and thinned the retries near its end, so grants
 			// went unused while steps still waited.
-			at = w.s.rateRetry(ss.RateLimit, at)
+			at = w.s.rateRetry(ss.RateLimit, prio, at)
 			w.gate(st.JobID, st.ID, at)
 			return false, at, jobstore.WaitingForRateLimit + " " + ss.RateLimit, nil
 		}
