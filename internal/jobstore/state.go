@@ -174,7 +174,7 @@ func (s *Step) Release(status, reason string, suspect bool, now time.Time) error
 	if s.State != StepDispatched {
 		return fmt.Errorf("release step %s.%s: state is %s, not dispatched", s.JobID, s.ID, s.State)
 	}
-	s.endAttempt(status, reason, now)
+	s.EndAttempt(status, reason, now)
 	if status == "transferred" {
 		s.TransferredFrom = s.Actor
 	}
@@ -192,11 +192,13 @@ func (s *Step) Release(status, reason string, suspect bool, now time.Time) error
 	return nil
 }
 
-// endAttempt ends the current dispatch's attempt (the latest, if it is
-// the current epoch's) with status and reason at now. An attempt already
-// ended keeps its end: a transfer's give-up records its own before it parks
-// the step.
-func (s *Step) endAttempt(status, reason string, now time.Time) {
+// EndAttempt ends the current dispatch's attempt (the latest, if it is
+// the current epoch's) with status and reason (clipped) at now. An attempt
+// already ended keeps its end: a transfer's give-up records its own before
+// it parks the step. Every path that ends a dispatch without its result
+// (release, dead letter, a cancel the agent never confirmed, a transfer
+// given up) ends its attempt here.
+func (s *Step) EndAttempt(status, reason string, now time.Time) {
 	if n := len(s.Attempts); n > 0 && s.Attempts[n-1].Epoch == s.Epoch && s.Attempts[n-1].FinishedAt.IsZero() {
 		a := &s.Attempts[n-1]
 		a.Status, a.Error, a.FinishedAt = status, clip(reason, MaxAttemptErrorBytes), now
@@ -208,7 +210,7 @@ func (s *Step) endAttempt(status, reason string, now time.Time) {
 // dead-lettered too, with reason as its error: nothing runs it any more.
 func (s *Step) DeadLetter(reason string, now time.Time) {
 	if s.State == StepDispatched {
-		s.endAttempt(string(StepDeadLettered), reason, now)
+		s.EndAttempt(string(StepDeadLettered), reason, now)
 	}
 	s.State = StepDeadLettered
 	s.LastError = reason

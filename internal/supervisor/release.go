@@ -194,9 +194,7 @@ func endCancelled(ctx context.Context, t *term, log zerolog.Logger, st *jobstore
 	now := t.now().UTC()
 	agent, epoch := st.Actor, st.Epoch
 	why := protocol.ErrorCancelled + ": the agent did not confirm the cancel before " + reason
-	if n := len(st.Attempts); n > 0 && st.Attempts[n-1].Epoch == st.Epoch {
-		st.Attempts[n-1].Status, st.Attempts[n-1].Error, st.Attempts[n-1].FinishedAt = string(jobstore.StepCancelled), reason, now
-	}
+	st.EndAttempt(string(jobstore.StepCancelled), reason, now)
 	st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
 	st.LastError, st.UpdatedAt, st.FinishedAt, st.LockedUntil = why, now, now, time.Time{}
 	if _, err := t.updateStep(ctx, st, rev); err != nil {

@@ -402,10 +402,9 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 		if st.State == jobstore.StepDispatched && (raw == nil || raw.Header.Get(protocol.HeaderEpoch) != strconv.FormatUint(st.Epoch, 10)) {
 			raw = nil // the task read is not this dispatch's; the letter is rebuilt from the record
 		}
-		if n := len(st.Attempts); n > 0 && st.State == jobstore.StepDispatched && st.Attempts[n-1].Epoch == st.Epoch {
+		if st.State == jobstore.StepDispatched {
 			// The retry chain ends with the dispatch nobody took up.
-			a := &st.Attempts[n-1]
-			a.Status, a.Error, a.FinishedAt = string(protocol.DLQTransferTimeout), why, x.term.now().UTC()
+			st.EndAttempt(string(protocol.DLQTransferTimeout), why, x.term.now().UTC())
 		}
 		l, err := x.dead.park(ctx, st, rev, protocol.DLQTransferTimeout, why, raw, 0)
 		sent.add(l)
