@@ -21,6 +21,7 @@ import (
 	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/procs"
 )
 
 type plan struct {
@@ -102,6 +103,12 @@ func TestChaos(t *testing.T) {
 	}
 	counts := map[string]int{}
 	start := time.Now()
+	parts := newPartitioner(c, seed, *fullFlag, start, func() string { return c.liveLeader(kvGet) })
+	proxies := map[string]*procs.Proxy{}
+	for name, r := range c.roles {
+		proxies[name] = r.proxy
+	}
+	go parts.probe.run(ctx, js, c.ledger, start, proxies, func(j job) { accepted.Store(j.id, j) })
 	// Two server restarts, at a third and two thirds of the window: the
 	// first graceful (SIGTERM), the second SIGKILL (same store dir).
 	natsRestarts := []time.Time{start.Add(p.chaosFor / 3), start.Add(2 * p.chaosFor / 3)}
@@ -109,6 +116,7 @@ func TestChaos(t *testing.T) {
 	agents := []string{"agent-0", "agent-1", "agent-2", "agent-3"}
 	for now := time.Now(); now.Sub(start) < p.chaosFor; now = time.Now() {
 		c.tend(now)
+		parts.tend(now, counts)
 		if len(natsRestarts) > 0 && now.After(natsRestarts[0]) {
 			kill := len(natsRestarts) == 1
 			c.restartNATS(kill)
@@ -165,6 +173,10 @@ func TestChaos(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	submitWG.Wait()
+	parts.finish()
+	if parts.probe.agent != "" {
+		counts["agent blackholes"]++
+	}
 	c.settle()
 	counts["republished results"], counts["republished tasks"] = dups.finish()
 	chaosEnd := time.Now()
@@ -227,6 +239,9 @@ func TestChaos(t *testing.T) {
 	// Verify.
 	byID := map[string]job{}
 	for _, j := range jobs {
+		byID[j.id] = j
+	}
+	for _, j := range parts.probe.jobs {
 		byID[j.id] = j
 	}
 	runs := readLedger(t, c.ledger)
@@ -383,9 +398,21 @@ func TestChaos(t *testing.T) {
 		len(stale), len(letters), drained.Round(time.Millisecond))
 	t.Logf("seed %d: job store watch saw %d succeeded steps and %d terminal jobs in their final state, %d double successes; %d successes fenced against the ledger, %d cluster steps checked against their epoch's elected leader (%d leader events)",
 		seed, stepsSeen, jobsSeen, doubles, fenced, leaderChecked, len(leaderEvents))
+	partitionStory, partitionProblems := parts.report()
+	probeStory, probeProblems := parts.probe.check(finalSteps, stale)
+	t.Logf("seed %d: %d agent blackholes, %d agent cuts, %d scheduler blackholes, %d scheduler cuts, %d supervisor leader blackholes; %s",
+		seed, counts["agent blackholes"], counts["agent cuts"], counts["scheduler blackholes"], counts["scheduler cuts"],
+		counts["supervisor leader blackholes"], probeStory)
+	for _, line := range partitionStory {
+		t.Logf("seed %d: %s", seed, line)
+	}
+	for _, p := range append(probeProblems, partitionProblems...) {
+		t.Errorf("seed %d: %s", seed, p)
+	}
 	if *fullFlag {
 		for _, kind := range []string{"agent kills", "agent pauses", "scheduler kills", "scheduler pauses", "supervisor leader kills",
-			"long kills", "nats restarts", "nats kills", "republished results", "republished tasks"} {
+			"long kills", "nats restarts", "nats kills", "republished results", "republished tasks",
+			"agent blackholes", "agent cuts", "scheduler blackholes", "scheduler cuts", "supervisor leader blackholes"} {
 			if counts[kind] == 0 {
 				t.Errorf("seed %d: no %s happened: the full run must exercise every fault", seed, kind)
 			}

@@ -16,9 +16,12 @@ import (
 )
 
 // role is one process slot of the cluster: what runs there now, whether it
-// should be running, and when a paused or killed one comes back.
+// should be running, and when a paused or killed one comes back. Every
+// process of the slot reaches nats-server through the slot's proxy, which
+// partitions it (partition_test.go).
 type role struct {
 	name      string
+	proxy     *procs.Proxy
 	start     func() *procs.Proc
 	proc      *procs.Proc
 	history   []*procs.Proc // every process that ran in this slot
@@ -56,25 +59,29 @@ func newCluster(t *testing.T) *cluster {
 	c.url = fmt.Sprintf("nats://127.0.0.1:%d", c.port)
 	c.ledger = filepath.Join(c.dir, "ledger")
 	c.startNATS()
-	add := func(name string, start func() *procs.Proc) {
-		c.roles[name] = &role{name: name, start: start}
+	// The proxies start before the processes, so that their cleanups run
+	// after the processes are killed.
+	add := func(name string, start func(url string) *procs.Proc) {
+		px := procs.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", c.port))
+		url := "nats://" + px.Addr()
+		c.roles[name] = &role{name: name, proxy: px, start: func() *procs.Proc { return start(url) }}
 		c.order = append(c.order, name)
 	}
 	for i := range 2 {
-		add(fmt.Sprintf("scheduler-%d", i), func() *procs.Proc {
-			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], "--server", c.url)
+		add(fmt.Sprintf("scheduler-%d", i), func(url string) *procs.Proc {
+			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], "--server", url)
 		})
 	}
 	for i := range 2 {
 		id := fmt.Sprintf("sup-%d", i)
-		add(id, func() *procs.Proc {
-			return procs.Start(t, id, bins["supervisor"], "--server", c.url, "--id", id)
+		add(id, func(url string) *procs.Proc {
+			return procs.Start(t, id, bins["supervisor"], "--server", url, "--id", id)
 		})
 	}
 	for i := range 4 {
 		id := fmt.Sprintf("agent-%d", i)
-		add(id, func() *procs.Proc {
-			return procs.Start(t, id, bins["testagent"], "--server", c.url, "--id", id, "--ledger", c.ledger, "--cluster", chaosCluster)
+		add(id, func(url string) *procs.Proc {
+			return procs.Start(t, id, bins["testagent"], "--server", url, "--id", id, "--ledger", c.ledger, "--cluster", chaosCluster)
 		})
 	}
 	for _, name := range c.order {
@@ -138,10 +145,11 @@ func (c *cluster) tend(now time.Time) {
 	}
 }
 
-// kill sends SIGKILL and keeps the role down for d.
+// kill sends SIGKILL and keeps the role down for d. A partitioned process
+// is left alone: what a partition checks needs it alive when it heals.
 func (c *cluster) kill(name string, now time.Time, d time.Duration) bool {
 	r := c.roles[name]
-	if !r.proc.Running() || !r.pausedTil.IsZero() {
+	if !r.proc.Running() || !r.pausedTil.IsZero() || r.proxy.Partitioned() {
 		return false
 	}
 	r.proc.Kill()
@@ -149,10 +157,10 @@ func (c *cluster) kill(name string, now time.Time, d time.Duration) bool {
 	return true
 }
 
-// pause sends SIGSTOP for d.
+// pause sends SIGSTOP for d; a partitioned process is left alone.
 func (c *cluster) pause(name string, now time.Time, d time.Duration) bool {
 	r := c.roles[name]
-	if !r.proc.Running() || !r.pausedTil.IsZero() {
+	if !r.proc.Running() || !r.pausedTil.IsZero() || r.proxy.Partitioned() {
 		return false
 	}
 	if err := r.proc.Signal(syscall.SIGSTOP); err != nil {
@@ -184,6 +192,24 @@ func (c *cluster) supervisorLeader(kvGet func(key string) ([]byte, error)) strin
 		return ""
 	}
 	if _, ok := c.roles[h.ID]; ok {
+		return h.ID
+	}
+	return ""
+}
+
+// liveLeader names the supervisor whose running process holds the lease,
+// or "": unlike supervisorLeader, not one whose holder was killed and whose
+// lease has not expired yet (its slot then runs a standby).
+func (c *cluster) liveLeader(kvGet func(key string) ([]byte, error)) string {
+	b, err := kvGet("supervisor")
+	if err != nil {
+		return ""
+	}
+	var h lease.Holder
+	if json.Unmarshal(b, &h) != nil {
+		return ""
+	}
+	if r, ok := c.roles[h.ID]; ok && r.proc.Running() && r.proc.PID() == h.PID {
 		return h.ID
 	}
 	return ""
