@@ -287,7 +287,14 @@ func wallClock(t time.Time) time.Time {
 // its input.
 func (c cron) walk(t, limit time.Time) time.Time {
 	nextHour := func() time.Time {
-		return t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+		n := t.Add(time.Hour - time.Duration(t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+		// A clock change inside the hour (Chatham's at 02:45, changes at
+		// 00:01 in older data) starts a new wall clock: walking on to the
+		// hour past it skipped the minutes after it (03:45-03:59).
+		if _, end := t.ZoneBounds(); !end.IsZero() && end.After(t) && end.Before(n) {
+			n = end
+		}
+		return n
 	}
 	forward := func(next time.Time) time.Time {
 		if next.After(t) {

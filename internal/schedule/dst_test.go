@@ -103,3 +103,35 @@ func TestCronDaylightSavingFixedTimesRunOnce(t *testing.T) {
 		}
 	}
 }
+
+// Chatham's clocks go forward at 02:45 (+12:45 to +13:45): the walk went
+// from the change to the next hour of the new clock, 04:00, and never saw
+// 03:45-03:59, so "50 3 * * *" skipped that day and "*/5 3 * * *" lost a
+// quarter of an hour.
+func TestCronChangeInsideAnHour(t *testing.T) {
+	t.Parallel()
+	loc, err := time.LoadLocation("Pacific/Chatham")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := time.Date(2025, 9, 27, 12, 0, 0, 0, loc)
+	daily, err := schedule.Parse("50 3 * * *", time.Time{}, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := daily.Next(from), time.Date(2025, 9, 28, 3, 50, 0, 0, loc); !got.Equal(want) {
+		t.Errorf("50 3 * * * from %s: %s, want %s", from, got, want)
+	}
+	every5, err := schedule.Parse("*/5 3 * * *", time.Time{}, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for at := time.Date(2025, 9, 28, 2, 0, 0, 0, loc); len(got) < 3; {
+		at = every5.Next(at)
+		got = append(got, at.Format("15:04 -0700"))
+	}
+	if want := "03:45 +1345 03:50 +1345 03:55 +1345"; strings.Join(got, " ") != want {
+		t.Errorf("*/5 3 * * * on the change day: %v, want %s", got, want)
+	}
+}
