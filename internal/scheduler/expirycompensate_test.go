@@ -15,6 +15,7 @@ import (
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/test/handagent"
 )
 
 // scriptedAgent starts agent a1 of pool default running script, and
@@ -111,30 +112,68 @@ func TestExpiredStepCompensatesCompletedSteps(t *testing.T) {
 // any protocol agent), and that became the step's last error: the step
 // read as one that never ran, its real failure only in the attempts. It
 // now fails with the attempt before's error, as a retry whose backoff
-// ends past the expiry does.
+// ends past the expiry does. A handler's own failure that starts
+// "expired:" (it ran) is its error as it stands.
 func TestRetryExpiredInTheQueueKeepsTheStepsError(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
-	scriptedAgent(t, b, func(task *agent.Task) error {
-		if task.Attempt == 1 {
-			return agent.Retriable(errors.New("disk full on /var"))
-		}
-		// What an agent that did not run attempt 1 reports for a retry
-		// it received past expires_at.
-		return agent.Permanent(errors.New("expired: not started by " + task.ExpiresAt.UTC().Format(time.RFC3339)))
-	})
-	publishJobs(t, b, 1, "exp", `{"name":"exp","steps":[{"id":"s","action":"echo","ttl":"1m","max_retries":3,
+	for _, tc := range []struct {
+		name    string
+		unrun   bool // reported as an agent reports a task it did not run
+		lastErr string
+	}{
+		{"expired unrun", true, "disk full on /var (not retried: its expires_at"},
+		{"handler's own error", false, "expired: session token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.startScheduler(t, scheduler.Config{})
+			a := handagent.Start(t, b.js, "default", "a1", nil)
+			held := make(chan protocol.Task, 1)
+			release := make(chan struct{})
+			defer close(release)
+			a.Reply(func(task protocol.Task) protocol.Result {
+				if task.Attempt == 1 {
+					return protocol.Result{Status: protocol.ResultFailed, Error: "disk full on /var", ErrorClass: protocol.ClassRetriable}
+				}
+				if !tc.unrun {
+					return protocol.Result{Status: protocol.ResultFailed, Error: "expired: session token", ErrorClass: protocol.ClassPermanent}
+				}
+				held <- task // the retry waits "in the queue": reported below, by hand
+				<-release
+				return protocol.Result{Status: protocol.ResultSucceeded}
+			})
+			publishJobs(t, b, 1, "exp", `{"name":"exp","steps":[{"id":"s","action":"echo","ttl":"2s","max_retries":3,
   "retry":{"base_backoff":"100ms","max_backoff":"100ms"}}]}`)
-	b.waitJobWithin(t, "exp-0000", jobstore.JobFailed, 20*time.Second)
-	st, _, err := b.store.Step(context.Background(), "exp-0000", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(st.LastError, "disk full on /var (not retried: its expires_at") || st.Attempt != 2 {
-		t.Fatalf("step %s after attempt %d with error %q; want attempt 1's error, not retried", st.State, st.Attempt, st.LastError)
-	}
-	if n := len(st.Attempts); n != 2 || !strings.HasPrefix(st.Attempts[1].Error, "expired:") {
-		t.Fatalf("attempts %+v; want the second to keep the agent's expired", st.Attempts)
+			if tc.unrun {
+				var task protocol.Task
+				select {
+				case task = <-held:
+				case <-time.After(20 * time.Second):
+					t.Fatal("the retry was not dispatched")
+				}
+				for !time.Now().After(task.ExpiresAt) {
+					time.Sleep(time.Until(task.ExpiresAt) + time.Millisecond) // received past its expiry, as the report says
+				}
+				now := time.Now().UTC()
+				r := protocol.Result{JobID: task.JobID, StepID: task.StepID, Epoch: task.Epoch, Token: task.Token, Agent: "a1", Pool: "default",
+					Status: protocol.ResultFailed, Error: "expired: not started by " + task.ExpiresAt.UTC().Format(time.RFC3339),
+					ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
+				if err := handagent.PublishResult(context.Background(), b.js, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			b.waitJobWithin(t, "exp-0000", jobstore.JobFailed, 20*time.Second)
+			st, _, err := b.store.Step(context.Background(), "exp-0000", "s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(st.LastError, tc.lastErr) || st.Attempt != 2 {
+				t.Fatalf("step %s after attempt %d with error %q; want %q...", st.State, st.Attempt, st.LastError, tc.lastErr)
+			}
+			if n := len(st.Attempts); n != 2 || !strings.HasPrefix(st.Attempts[1].Error, "expired:") {
+				t.Fatalf("attempts %+v; want the second to keep the agent's words", st.Attempts)
+			}
+		})
 	}
 }

@@ -295,12 +295,16 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 
 // retryExpiredUnrun reports whether r says a retry of st (its attempt
 // before failed with before) expired unrun in the agent's queue: its error
-// starts "expired" (docs/protocol.md), the step has an expiry, and an
-// earlier attempt left an error. An agent that reported that earlier
-// failure itself says so already ("<error> (not retried: …)").
+// starts "expired" (docs/protocol.md), it ran for no time (an agent reports
+// a task it did not run as started and finished when received), after the
+// step's expiry, and an earlier attempt left an error. A handler's own
+// failure that happens to start "expired:" (a session token) ran, or ran
+// before the expiry. An agent that reported the earlier failure itself
+// says so already ("<error> (not retried: …)").
 func retryExpiredUnrun(st *jobstore.Step, r *protocol.Result, before string) bool {
 	return st.Attempt > 1 && before != "" && !st.ExpiresAt.IsZero() && r.Status == protocol.ResultFailed &&
-		strings.HasPrefix(r.Error, jobstore.ReasonExpired+":")
+		strings.HasPrefix(r.Error, jobstore.ReasonExpired+":") &&
+		r.StartedAt.Equal(r.FinishedAt) && r.StartedAt.After(st.ExpiresAt)
 }
 
 // rejectResult records a refused result as an event saying why and
