@@ -375,17 +375,25 @@ func (a *app) clusterRequest(ctx context.Context, name string, r protocol.Cluste
 		if err != nil {
 			return clusterErr(err)
 		}
-		if err := st.WaitHandled(ctx, name, id); err != nil {
+		// Waited on for less than the request lives: a request that lapsed
+		// (RequestTTL) is gone as a handled one is, without being handled.
+		hctx, hcancel := context.WithTimeout(ctx, cluster.RequestTTL-time.Minute)
+		err = st.WaitHandled(hctx, name, id)
+		hcancel()
+		if err != nil {
 			// Withdrawn: left in place, the leader elected later would
 			// carry out what this command reported as not done.
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if werr := st.RemoveRequest(wctx, name, id); werr != nil {
 				err = fmt.Errorf("%w; the request could not be withdrawn (%v): it lapses within %s unless a leader takes it", err, werr, cluster.RequestTTL)
-			} else {
-				err = fmt.Errorf("%w; the request is withdrawn", err)
+				return &exitError{code: exitUnavailable, err: err}
 			}
-			return &exitError{code: exitUnavailable, err: err}
+			// A leader may have taken it just before: then it says so.
+			if _, recorded, _ := requestOutcome(wctx, c.JetStream(), id); !recorded {
+				return &exitError{code: exitUnavailable, err: fmt.Errorf("%w; the request is withdrawn "+
+					"(a leader that took it in the last moment may still carry it out: see `warden failovers ls --cluster %s`)", err, name)}
+			}
 		}
 		ev, recorded, err := requestOutcome(ctx, c.JetStream(), id)
 		if err != nil {
