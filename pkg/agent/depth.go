@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // queue_depth (the heartbeat's count of the tasks waiting on the agent's
@@ -49,6 +52,13 @@ func (a *Agent) probeDepth(ctx context.Context) {
 	ictx, icancel := context.WithTimeout(lctx, probeTimeout)
 	defer icancel()
 	info, err := a.cons.Info(ictx)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) && a.recreateConsumer(ctx) {
+		// Held back longer than consumer_inactive_threshold, the agent
+		// asked for nothing and the server removed its consumer: its
+		// depth went stale. The consumer made again counts the tasks
+		// still queued on its subject (the work queue kept them).
+		info, err = a.cons.Info(ictx)
+	}
 	if err != nil {
 		a.log.Debug().Err(err).Msg("queue depth: consumer info")
 		return

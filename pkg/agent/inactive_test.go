@@ -2,7 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,4 +94,37 @@ func TestTaskConsumerGoesOnlyAfterItsAgentLeaves(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("the held task ran %d times", runs.Load())
 	}
+}
+
+// A drained agent asks for nothing, so after consumer_inactive_threshold
+// the server removes its task consumer; the depth it reported then stayed
+// what it last read (the consumer's info answered "not found"), and the
+// supervisor's health assessment judged it on a stale queue. Held back,
+// it makes the consumer again and reports the tasks queued meanwhile.
+func TestDrainedAgentWhoseConsumerWentReportsItsQueue(t *testing.T) {
+	t.Parallel()
+	s, nc, js := natstest.Start(t, streams.Options{TaskShards: testShards, PresenceTTL: time.Second})
+	b := &bundle{srv: s, nc: nc, js: js}
+	cfg := testConfig("drained-1")
+	cfg.ConsumerInactiveThreshold = protocol.Duration(time.Second)
+	b.start(t, cfg, nil)
+	if r := b.control(t, protocol.Control{Op: protocol.ControlDrain}); !r.OK {
+		t.Fatalf("drain: %+v", r)
+	}
+	shard := protocol.Shard(cfg.Pool, cfg.ID, testShards)
+	natstest.Eventually(t, 15*time.Second, "the drained agent's consumer removed by the server", func() bool {
+		_, err := js.Consumer(context.Background(), protocol.TaskStream(shard), cfg.ID)
+		return errors.Is(err, jetstream.ErrConsumerNotFound)
+	})
+	for i := range 3 {
+		body, _ := json.Marshal(protocol.Task{JobID: fmt.Sprintf("q%d", i), StepID: "s", Epoch: 1, Attempt: 1, Action: "echo",
+			Deadline: time.Now().Add(time.Minute)})
+		if _, err := js.Publish(context.Background(), protocol.TaskSubject(shard, cfg.Pool, cfg.ID), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.Eventually(t, 10*time.Second, "the three tasks queued while its consumer was gone reported", func() bool {
+		p, err := b.presence(t)
+		return err == nil && p.Draining && p.QueueDepth == 3
+	})
 }
