@@ -382,17 +382,20 @@ func (a *app) clusterRequest(ctx context.Context, name string, r protocol.Cluste
 		hcancel()
 		if err != nil {
 			// Withdrawn: left in place, the leader elected later would
-			// carry out what this command reported as not done.
+			// carry out what this command reported as not done. The
+			// withdrawal and the leader's claim are compare-and-sets on
+			// the request: one of them wins.
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if werr := st.RemoveRequest(wctx, name, id); werr != nil {
-				err = fmt.Errorf("%w; the request could not be withdrawn (%v): it lapses within %s unless a leader takes it", err, werr, cluster.RequestTTL)
-				return &exitError{code: exitUnavailable, err: err}
-			}
-			// A leader may have taken it just before: then it says so.
-			if _, recorded, _ := requestOutcome(wctx, c.JetStream(), id); !recorded {
-				return &exitError{code: exitUnavailable, err: fmt.Errorf("%w; the request is withdrawn "+
-					"(a leader that took it in the last moment may still carry it out: see `warden failovers ls --cluster %s`)", err, name)}
+			switch werr := st.WithdrawRequest(wctx, name, id); {
+			case werr == nil:
+				return &exitError{code: exitUnavailable, err: fmt.Errorf("%w; the request is withdrawn: no leader will carry it out", err)}
+			case errors.Is(werr, cluster.ErrClaimed):
+				return &exitError{code: exitUnavailable, err: fmt.Errorf("%w; %v and carries it out: see `warden failovers ls --cluster %s`", err, werr, name)}
+			case errors.Is(werr, cluster.ErrNotFound):
+				// Handled just now: its outcome is read below.
+			default:
+				return &exitError{code: exitUnavailable, err: fmt.Errorf("%w; the request could not be withdrawn (%v): it lapses within %s unless a leader takes it", err, werr, cluster.RequestTTL)}
 			}
 		}
 		ev, recorded, err := requestOutcome(ctx, c.JetStream(), id)

@@ -284,7 +284,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	def := *m.def
 	prev, prevRev := m.state, m.stateRev
 	members := m.aliveLocked()
-	reqs := make([]protocol.ClusterRequest, 0, len(m.requests))
+	reqs := make([]pendingRequest, 0, len(m.requests))
 	for _, r := range m.requests {
 		reqs = append(reqs, r)
 	}
@@ -306,6 +306,21 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 		defer cancel()
 		return f(cctx)
 	}
+
+	// Each request is claimed before it is acted on: a requester that gave
+	// up waiting withdraws it by a compare-and-set too, so exactly one of
+	// the two wins. One claimed meanwhile, withdrawn or seen at an old
+	// revision is left for the watch to bring up to date.
+	claimed := reqs[:0]
+	for _, r := range reqs {
+		err := bounded(func(c context.Context) error { return m.store.claimRequest(c, def.Name, r.ClusterRequest, r.rev, m.key) })
+		if err != nil {
+			m.log.Debug().Err(err).Str("request", r.ID).Msg("request not claimed; not acted on this round")
+			continue
+		}
+		claimed = append(claimed, r)
+	}
+	reqs = claimed
 
 	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, Now: m.cfg.Now()}
 	handoff := ""

@@ -90,7 +90,7 @@ type Member struct {
 	leaderSync protocol.ClusterSync // what this member publishes while leading
 	health     string
 	reports    map[string]seen
-	requests   map[string]protocol.ClusterRequest
+	requests   map[string]pendingRequest
 	holder     string    // who holds the lease, as last seen ("" free)
 	sitOut     time.Time // do not campaign before (after handing off)
 	watchers   []chan View
@@ -113,6 +113,13 @@ type Member struct {
 	// (nil for active_active): a draining member reports the tasks it was
 	// given under them.
 	took map[uint64][]string
+}
+
+// pendingRequest is a request as this member last saw it, with its
+// revision: the leader claims it at that revision before acting.
+type pendingRequest struct {
+	protocol.ClusterRequest
+	rev uint64
 }
 
 // maxResigned bounds Member.resigned and Member.took: a task older than this
@@ -160,7 +167,7 @@ func NewMember(ctx context.Context, js jetstream.JetStream, cfg MemberConfig) (*
 		lease: l,
 		sight: newSight(js.Conn()),
 		log:   cfg.Logger.With().Str("cluster", cfg.Cluster).Logger(),
-		wake:  make(chan struct{}, 1), reports: map[string]seen{}, requests: map[string]protocol.ClusterRequest{},
+		wake:  make(chan struct{}, 1), reports: map[string]seen{}, requests: map[string]pendingRequest{},
 		ready: make(chan struct{}), stopped: make(chan struct{}),
 	}
 	return m, nil

@@ -131,7 +131,7 @@ func (m *Member) apply(e watch.Event) {
 		var r protocol.ClusterRequest
 		if json.Unmarshal(e.Entry.Value(), &r) == nil {
 			r.ID = id
-			m.requests[id] = r
+			m.requests[id] = pendingRequest{ClusterRequest: r, rev: e.Entry.Revision()}
 		}
 	}
 }

@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
 	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // Errors of the Store. ErrNotFound wraps jetstream.ErrKeyNotFound and
@@ -231,11 +234,60 @@ func (s *Store) Request(ctx context.Context, name string, r protocol.ClusterRequ
 	return r.ID, nil
 }
 
-// RemoveRequest removes a request: the leader once it handled it, a caller
-// that gave up waiting (a leader that has not read it yet will not carry
-// it out; one that already took it may).
+// ErrClaimed: the leader took the request (ClusterRequest.ClaimedBy) and
+// carries it out; it can no longer be withdrawn.
+var ErrClaimed = errors.New("the cluster's leader has taken the request")
+
+// RemoveRequest removes a request the leader handled.
 func (s *Store) RemoveRequest(ctx context.Context, name, id string) error {
 	return s.rt.Purge(ctx, protocol.ClusterRequestKey(name, id), jetstream.PurgeTTL(requestMarkerTTL))
+}
+
+// claimRequest marks request r, seen at revision rev, as taken by leader
+// by: a compare-and-set, lost to a withdrawal or to another claim. The
+// claim keeps the request's TTL, so one whose leader died before acting
+// lapses as an unclaimed one does unless a later leader takes it.
+func (s *Store) claimRequest(ctx context.Context, name string, r protocol.ClusterRequest, rev uint64, by string) error {
+	r.ClaimedBy = by
+	b, _ := json.Marshal(r)
+	m := nats.NewMsg("$KV." + protocol.BucketClusterRuntime + "." + protocol.ClusterRequestKey(name, r.ID))
+	m.Data = b
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	m.Header.Set(jetstream.MsgTTLHeader, s.requestTTL.String())
+	if _, err := s.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("claim request %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// WithdrawRequest removes a request no leader has taken yet, by a
+// compare-and-set against the leader's claim: nil means no leader will
+// carry it out. ErrClaimed (naming the leader) if one has taken it,
+// ErrNotFound if it is gone (handled, or lapsed).
+func (s *Store) WithdrawRequest(ctx context.Context, name, id string) error {
+	key := protocol.ClusterRequestKey(name, id)
+	for range 2 {
+		e, err := s.rt.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("request %s: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("read request %s: %w", id, err)
+		}
+		var r protocol.ClusterRequest
+		if json.Unmarshal(e.Value(), &r) == nil && r.ClaimedBy != "" {
+			return fmt.Errorf("%w (%s)", ErrClaimed, r.ClaimedBy)
+		}
+		err = s.rt.Purge(ctx, key, jetstream.PurgeTTL(requestMarkerTTL), jetstream.LastRevision(e.Revision()))
+		if err == nil {
+			return nil
+		}
+		if !streams.LostCAS(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("withdraw request %s: %w", id, err)
+		}
+		// Claimed (or handled) meanwhile: read it again.
+	}
+	return fmt.Errorf("withdraw request %s: %w", id, ErrChanged)
 }
 
 // WaitHandled waits until the leader has handled (removed) a request. A

@@ -255,6 +255,9 @@ type ClusterRequest struct {
 	To          string    `json:"to,omitempty"`
 	Reason      string    `json:"reason,omitempty"`
 	RequestedAt time.Time `json:"requested_at"`
+	// ClaimedBy is the leader that took the request (a compare-and-set on
+	// it before acting): from then on the requester cannot withdraw it.
+	ClaimedBy string `json:"claimed_by,omitempty"`
 }
 
 // ClusterStateKey and the functions below name a cluster's keys in
