@@ -313,7 +313,9 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	// revision is left for the watch to bring up to date.
 	claimed := reqs[:0]
 	for _, r := range reqs {
-		err := bounded(func(c context.Context) error { return m.store.claimRequest(c, def.Name, r.ClusterRequest, r.rev, m.key) })
+		err := bounded(func(c context.Context) error {
+			return m.store.claimRequest(c, def.Name, r.ClusterRequest, r.rev, m.key)
+		})
 		if err != nil {
 			m.log.Debug().Err(err).Str("request", r.ID).Msg("request not claimed; not acted on this round")
 			continue
