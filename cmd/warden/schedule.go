@@ -15,7 +15,7 @@ import (
 )
 
 func (a *app) scheduleCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "schedule", Short: "Recurring jobs: add, list and remove schedules"}
+	cmd := &cobra.Command{Use: "schedule", Short: "Recurring jobs: add, list, pause, resume, trigger and remove schedules"}
 	var (
 		file, cron, every, catchup, tz string
 		grace                          time.Duration
@@ -70,10 +70,25 @@ shorter of 1m and the interval).`,
 				case err != nil:
 					return &exitError{code: exitUnavailable, err: err}
 				}
+				// A replaced schedule keeps its pause: say so, or the
+				// next tick printed would read as a promise.
+				var paused *schedule.Entry
+				if replace {
+					if e, err := st.Get(ctx, d.Name); err == nil && e.Paused {
+						paused = &e
+					}
+				}
 				if a.json {
-					return writeJSON(a.stdout, map[string]any{"name": d.Name, "next": next})
+					out := map[string]any{"name": d.Name, "next": next}
+					if paused != nil {
+						out["paused"] = true
+					}
+					return writeJSON(a.stdout, out)
 				}
 				fmt.Fprintf(a.stdout, "schedule %s added; next tick %s (%s)\n", d.Name, tickTime(next, tz), until(next, time.Now()))
+				if paused != nil {
+					fmt.Fprintf(a.stdout, "it stays paused (%s); `warden schedule resume %s` runs it again\n", pausedText(*paused, time.Now()), d.Name)
+				}
 				return nil
 			})
 		},
@@ -102,9 +117,13 @@ shorter of 1m and the interval).`,
 					return writeJSON(a.stdout, list)
 				}
 				now := time.Now()
-				t := newTable(a.stdout, "NAME", "SCHEDULE", "CATCHUP", "NEXT", "LAST TICK", "CREATED")
+				t := newTable(a.stdout, "NAME", "SCHEDULE", "CATCHUP", "NEXT", "LAST TICK", "CREATED", "PAUSED")
 				for _, e := range list {
-					t.row(e.Name, e.Schedule, e.Catchup, until(e.Next, now), until(e.LastTick, now), age(e.CreatedAt, now))
+					next, paused := until(e.Next, now), ""
+					if e.Paused {
+						next, paused = "paused", oneLine(pausedText(e, now), 80)
+					}
+					t.row(e.Name, e.Schedule, e.Catchup, next, until(e.LastTick, now), age(e.CreatedAt, now), paused)
 				}
 				return t.flush()
 			})
@@ -129,8 +148,135 @@ shorter of 1m and the interval).`,
 			})
 		},
 	}
-	cmd.AddCommand(add, ls, rm)
+	cmd.AddCommand(add, ls, rm, a.schedulePauseCommand(), a.scheduleResumeCommand(), a.scheduleTriggerCommand())
 	return cmd
+}
+
+func (a *app) schedulePauseCommand() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "pause NAME [--reason TEXT]",
+		Short: "Pause a schedule: its ticks submit nothing until resume",
+		Long: `Pause a schedule. Its ticks submit nothing until ` + "`warden schedule resume`" + `;
+they are skipped, not caught up on resume (whatever --catchup says). The
+pause is stored with the schedule: every scheduler sees it, across
+restarts, and ` + "`ls`" + ` shows it with its reason and since when. Pausing a
+paused schedule changes nothing. ` + "`trigger`" + ` still runs a paused schedule.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := schedule.CheckPauseReason(reason); err != nil {
+				return invalidSchedule(err)
+			}
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				e, changed, err := st.Pause(ctx, args[0], reason)
+				if err := scheduleError(err); err != nil {
+					return err
+				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]any{"name": e.Name, "paused": true,
+						"paused_at": e.PausedAt, "pause_reason": e.PauseReason, "changed": changed})
+				}
+				if !changed {
+					fmt.Fprintf(a.stdout, "schedule %s was already paused %s\n", e.Name, pausedText(e, time.Now()))
+					return nil
+				}
+				fmt.Fprintf(a.stdout, "schedule %s paused; `warden schedule resume %s` runs it again\n", e.Name, e.Name)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, shown by `schedule ls`")
+	return cmd
+}
+
+func (a *app) scheduleResumeCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume NAME",
+		Short: "Resume a paused schedule from its next tick",
+		Long: `Resume a paused schedule. Its first job is the first tick after now;
+the ticks that fell while it was paused are not run. Resuming a schedule
+that is not paused changes nothing.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				e, changed, err := st.Resume(ctx, args[0])
+				if err := scheduleError(err); err != nil {
+					return err
+				}
+				if !changed {
+					// Not paused: its armed timer is the next tick.
+					if e, err = st.Get(ctx, args[0]); err != nil {
+						return scheduleError(err)
+					}
+				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]any{"name": e.Name, "next": e.Next, "changed": changed})
+				}
+				what := "resumed"
+				if !changed {
+					what = "was not paused"
+				}
+				next := "none armed yet (a scheduler arms it)"
+				if !e.Next.IsZero() {
+					next = fmt.Sprintf("%s (%s)", tickTime(e.Next, e.TimeZone), until(e.Next, time.Now()))
+				}
+				fmt.Fprintf(a.stdout, "schedule %s %s; next tick %s\n", e.Name, what, next)
+				return nil
+			})
+		},
+	}
+}
+
+func (a *app) scheduleTriggerCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "trigger NAME",
+		Short: "Submit a schedule's job once, now, outside its cadence",
+		Long: `Submit the schedule's job once, now, as job <NAME>-t<unix milliseconds>:
+an id no tick takes (a tick's is <NAME>-<unix seconds>). A paused schedule
+is triggered too, and stays paused; its next tick is unchanged. The job id
+is printed: follow it with ` + "`warden job show`" + `.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
+				job, err := st.Trigger(ctx, args[0])
+				if err := scheduleError(err); err != nil {
+					return err
+				}
+				if a.json {
+					return writeJSON(a.stdout, map[string]string{"name": args[0], "job_id": job})
+				}
+				fmt.Fprintf(a.stdout, "schedule %s triggered: job %s\n", args[0], job)
+				return nil
+			})
+		},
+	}
+}
+
+// scheduleError maps a schedule store's error to the exit codes: an
+// unknown schedule 3, an invalid one 2, anything else 4.
+func scheduleError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, schedule.ErrNotFound):
+		return &exitError{code: exitNotFound, err: err}
+	case errors.Is(err, schedule.ErrInvalid):
+		return invalidSchedule(err)
+	default:
+		return &exitError{code: exitUnavailable, err: err}
+	}
+}
+
+// pausedText says since when and why e is paused: "5m ago: deploy freeze".
+func pausedText(e schedule.Entry, now time.Time) string {
+	s := "(time unknown)"
+	if !e.PausedAt.IsZero() {
+		s = until(e.PausedAt, now)
+	}
+	if e.PauseReason != "" {
+		s += ": " + e.PauseReason
+	}
+	return s
 }
 
 // invalidSchedule is a definition schedule.Validate refused: invalid

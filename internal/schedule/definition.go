@@ -42,6 +42,15 @@ type Definition struct {
 	Spec string `json:"spec"`
 	// CreatedAt anchors @every schedules.
 	CreatedAt time.Time `json:"created_at"`
+
+	// Paused says the schedule submits nothing at its ticks (Store.Pause,
+	// Store.Resume). A definition without it, as every version before
+	// pausing wrote, is not paused.
+	Paused bool `json:"paused,omitempty"`
+	// PauseReason is the operator's note given with the pause.
+	PauseReason string `json:"pause_reason,omitempty"`
+	// PausedAt is when it was paused, by the server's clock.
+	PausedAt time.Time `json:"paused_at,omitzero"`
 }
 
 // maxNameLen leaves room for "-<unix seconds>" in a 128-byte job id.
@@ -116,4 +125,14 @@ func (d *Definition) grace(e Expr, t time.Time) time.Duration {
 // JobID is the id of the job a tick at t submits.
 func JobID(name string, t time.Time) string {
 	return fmt.Sprintf("%s-%d", name, t.Unix())
+}
+
+// TriggerID is the id of the job a trigger at t submits:
+// <name>-t<unix milliseconds>. A tick's id ends in "-" and digits only,
+// which this never does, so a trigger cannot take a tick's id, of its own
+// schedule or of another (schedule "a-t1" ticks as a-t1-<unix>). It fits
+// a job id: a name of maxNameLen leaves 28 bytes, and the milliseconds
+// take 13 until the year 2286.
+func TriggerID(name string, t time.Time) string {
+	return fmt.Sprintf("%s-t%d", name, t.UnixMilli())
 }

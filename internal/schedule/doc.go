@@ -29,12 +29,28 @@
 // behind a removed schedule; a tick of another revision is dropped, and
 // arms the current definition if that has no timer.
 //
+// Pausing (Store.Pause, Store.Resume) is a field of the definition, so it
+// is stored, read by every relay and written under the same revision
+// rule (conditional on the definition read being the last). A paused
+// schedule's timer keeps ticking and the relays drop its ticks, arming
+// the next: ticks that fall while paused are skipped, never caught up,
+// whatever the catch-up policy (which is about ticks missed while nothing
+// ran). Resume arms the first tick after now. Replacing a schedule keeps
+// its pause. A definition without the fields (written before pausing
+// existed) is not paused. Store.Trigger submits a schedule's job once,
+// outside its cadence, as <name>-t<unix ms> (TriggerID), never a tick's
+// id.
+//
 // Both relays keep their durable consumers: one the server deleted or
 // forgot is created again and consumed anew (package keep).
 //
 // Guarantees:
 //   - at most one job per tick, whatever the number of schedulers, their
 //     restarts and redeliveries (the job id is the tick);
+//   - no job for a tick relayed after a pause was written, until the
+//     resume (only a tick whose relaying read the definition before the
+//     pause may still submit); relays of a version before pausing do not
+//     know it and submit paused ticks;
 //   - a tick fires while any scheduler runs: the timer is durable in the
 //     stream, and a Relay arms a missing timer at start (Reconcile);
 //   - ticks missed while nothing could handle them (no scheduler, or the

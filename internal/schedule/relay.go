@@ -3,7 +3,6 @@ package schedule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -252,6 +251,11 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 	overdue := late > e.grace(x, tick)
 	job := JobID(name, tick)
 	switch {
+	case e.Paused:
+		// Skipped, not missed: resuming does not catch it up. The next
+		// tick is armed all the same, so that a paused schedule keeps a
+		// timer, and its Resume finds one to replace.
+		r.log.Debug().Str("schedule", name).Time("tick", tick).Msg("tick of a paused schedule skipped")
 	case overdue && e.Catchup == CatchupSkip:
 		r.log.Info().Str("schedule", name).Time("tick", tick).Dur("late", late).Msg("overdue tick skipped (catchup: skip)")
 		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late)
@@ -274,16 +278,7 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 // submit publishes the tick's job. The job id and Nats-Msg-Id are the
 // tick's, so a second submission of the same tick makes no second job.
 func (r *Relay) submit(ctx context.Context, e Entry, job string, tick time.Time) error {
-	msg := nats.NewMsg(protocol.SubmitSubject(job))
-	msg.Data = []byte(e.Spec)
-	msg.Header.Set(protocol.HeaderJobID, job)
-	msg.Header.Set(protocol.HeaderMsgID, job)
-	msg.Header.Set(protocol.HeaderSchedule, e.Name)
-	msg.Header.Set(protocol.HeaderScheduleTick, tick.UTC().Format(time.RFC3339Nano))
-	if _, err := r.js.PublishMsg(ctx, msg); err != nil {
-		return fmt.Errorf("submit %s: %w", job, err)
-	}
-	return nil
+	return submitJob(ctx, r.js, e.Definition, job, tick)
 }
 
 func (r *Relay) event(ctx context.Context, kind protocol.EventKind, name, job string, tick time.Time, late time.Duration) {

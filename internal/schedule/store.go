@@ -54,44 +54,118 @@ var ErrNotFound = errors.New("schedule not found")
 
 // Add stores d and arms its first tick, returning when that is. With
 // replace, an existing schedule of the same name is replaced (its pending
-// tick is dropped).
+// tick is dropped) and keeps its pause: a paused schedule replaced stays
+// paused, with its reason and time. The pause fields of d are ignored.
 func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time, error) {
 	if d.CreatedAt.IsZero() {
 		d.CreatedAt = s.now().UTC()
 	}
+	d.Paused, d.PauseReason, d.PausedAt = false, "", time.Time{}
 	e, err := d.Validate()
 	if err != nil {
 		return time.Time{}, err
 	}
-	b, err := json.Marshal(d)
-	if err != nil {
-		return time.Time{}, err
-	}
-	msg := nats.NewMsg(protocol.ScheduleDefSubject(d.Name))
-	msg.Data = b
-	var opts []jetstream.PublishOpt
-	if !replace {
-		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(0))
-	}
-	ack, err := s.js.PublishMsg(ctx, msg, opts...)
-	if err != nil {
+	var rev uint64
+	if replace {
+		// Written on the condition that the definition read is still the
+		// last, so that a pause (or resume) meanwhile is not lost: it is
+		// read again and carried over.
+		var w Entry
+		w, _, err = s.writeDef(ctx, d.Name, func(cur *Definition) (Definition, error) {
+			n := d
+			if cur != nil {
+				n.Paused, n.PauseReason, n.PausedAt = cur.Paused, cur.PauseReason, cur.PausedAt
+			}
+			return n, nil
+		})
+		rev = w.Rev
+	} else {
+		rev, err = s.publishDef(ctx, d, 0)
 		if streams.LostCAS(err) {
 			return time.Time{}, fmt.Errorf("%w: %s (remove it first, or replace it)", ErrExists, d.Name)
 		}
-		return time.Time{}, fmt.Errorf("store schedule %s: %w", d.Name, err)
+	}
+	if err != nil {
+		return time.Time{}, err
 	}
 	now, err := s.serverTime(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
 	next := e.Next(now)
-	if err := arm(ctx, s.js, d.Name, ack.Sequence, next); err != nil {
+	if err := arm(ctx, s.js, d.Name, rev, next); err != nil {
 		if errors.Is(err, errChanged) {
 			return time.Time{}, fmt.Errorf("schedule %s was replaced or removed while it was being added", d.Name)
 		}
 		return time.Time{}, err
 	}
 	return next, nil
+}
+
+// publishDef writes d on the condition that the last definition of its
+// name is at rev (0: there is none), returning its new revision. A lost
+// condition is an error streams.LostCAS recognises.
+func (s *Store) publishDef(ctx context.Context, d Definition, rev uint64) (uint64, error) {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return 0, err
+	}
+	msg := nats.NewMsg(protocol.ScheduleDefSubject(d.Name))
+	msg.Data = b
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev))
+	if streams.LostCAS(err) {
+		return 0, err
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store schedule %s: %w", d.Name, err)
+	}
+	return ack.Sequence, nil
+}
+
+// writeAttempts bounds writeDef's read-decide-write rounds: each lost
+// one means another writer wrote the definition in between.
+const writeAttempts = 10
+
+// errNoChange, returned by a writeDef change, leaves the definition as
+// it is.
+var errNoChange = errors.New("no change")
+
+// writeDef reads the definition of name (nil when there is none), lets
+// change decide what to write, and writes it on the condition that the
+// definition read is still the last; a lost condition reads and decides
+// again. It returns the definition written and its revision, or, when
+// change said errNoChange, the one read and false.
+func (s *Store) writeDef(ctx context.Context, name string, change func(cur *Definition) (Definition, error)) (Entry, bool, error) {
+	for range writeAttempts {
+		var (
+			cur *Definition
+			e   Entry
+		)
+		switch got, err := s.Get(ctx, name); {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return Entry{}, false, err
+		default:
+			e = got
+			cur = &e.Definition
+		}
+		d, err := change(cur)
+		if errors.Is(err, errNoChange) {
+			return e, false, nil
+		}
+		if err != nil {
+			return Entry{}, false, err
+		}
+		rev, err := s.publishDef(ctx, d, e.Rev)
+		if streams.LostCAS(err) {
+			continue
+		}
+		if err != nil {
+			return Entry{}, false, err
+		}
+		return Entry{Definition: d, Rev: rev}, true, nil
+	}
+	return Entry{}, false, fmt.Errorf("store schedule %s: written by others %d times in a row while this write was decided", name, writeAttempts)
 }
 
 // errChanged: arm found the definition replaced or removed.
