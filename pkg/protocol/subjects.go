@@ -141,7 +141,7 @@ func ResultsPublishFilter(pool, agent string) string {
 }
 
 // SubmitSubject is where a publisher submits the job with this id. The
-// stream maps it into the job's partition (see StoredSubmitSubject).
+// stream maps it into the job's partition (see StoredSubmitFilter and SubmitTransform).
 func SubmitSubject(job string) string { return SubjectSubmit + "." + job }
 
 // Partition returns a job's scheduler partition: the one NATS's
