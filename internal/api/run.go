@@ -13,10 +13,10 @@ import (
 )
 
 // Run is the `warden api` process: it connects to NATS with its own
-// identity (Config.NATS), registers the warden-api micro service, and
-// serves the API, the dashboard, /metrics, /healthz and /readyz on
-// Config.Listen until ctx ends. ready (may be nil) receives the bound
-// address.
+// identity (Config.NATS), keeps an index of the jobs for listings,
+// registers the warden-api micro service, and serves the API, the
+// dashboard, /metrics, /healthz and /readyz on Config.Listen until ctx
+// ends. ready (may be nil) receives the bound address.
 func Run(ctx context.Context, cfg Config, log zerolog.Logger, ready func(addr string)) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -33,6 +33,23 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger, ready func(addr st
 	if err != nil {
 		return fmt.Errorf("the job store is not there (has a scheduler ever started?): %w", err)
 	}
+	// Listings (GET /api/v1/jobs, the micro jobs.list) are answered from
+	// an in-memory index of the job records' headers, kept current by
+	// following the job keys; a listing scans while it is being built or
+	// is behind (jobstore.Index). Stopped, and waited for, before the
+	// connection closes.
+	ix := jobstore.NewIndex(store, js, jobstore.IndexConfig{Logger: log})
+	store.UseIndex(ix)
+	ixCtx, stopIndex := context.WithCancel(ctx)
+	ixDone := make(chan struct{})
+	go func() {
+		defer close(ixDone)
+		_ = ix.Run(ixCtx)
+	}()
+	defer func() {
+		stopIndex()
+		<-ixDone
+	}()
 	o := ops.New(nc, store)
 	reg := metrics.NewRegistry()
 	reg.MustRegister(ops.NewCollector(o, log))

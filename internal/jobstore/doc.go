@@ -7,4 +7,9 @@
 // the current state; a record is inconsistent while they differ, and an
 // inconsistent step whose LockedUntil has passed is the supervisor's to
 // recover.
+//
+// Listings (Store.List) read the records' headers, not their bodies, then
+// only the page's records. A long-running process keeps an Index instead:
+// the same listings, answered from memory, never from an index behind the
+// stream (see index.go).
 package jobstore

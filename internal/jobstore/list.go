@@ -86,31 +86,58 @@ type ListPage struct {
 	Matched int `json:"matched"`
 	// Counts counts every job in the store by state, ignoring the filter.
 	Counts map[JobState]int `json:"counts"`
-	// Scanned is the number of job keys read (headers only).
+	// Scanned is the number of jobs considered: the job keys a scan read
+	// (headers only), or the entries of the Index that answered.
 	Scanned int `json:"scanned"`
 }
 
 // List returns one page of jobs, newest first (ties by id). js must reach
-// the store's bucket: the scan runs a consumer on its stream.
+// the store's bucket: the scan runs a consumer on its stream. A Store given
+// an Index (UseIndex) answers from it while it is current (see index.go)
+// and scans otherwise; both give the same page, cursors and counts.
 func (s *Store) List(ctx context.Context, js jetstream.JetStream, f ListFilter) (ListPage, error) {
+	limit, after, err := f.paging()
+	if err != nil {
+		return ListPage{}, err
+	}
+	var page ListPage
+	var sel []JobEntry
+	if ix := s.index.Load(); ix == nil || !ix.page(ctx, f, limit, after, &page, &sel) {
+		entries, err := s.ScanJobs(ctx, js)
+		if err != nil {
+			return ListPage{}, err
+		}
+		page, sel = pageOf(entries, f, limit, after)
+	}
+	page.Jobs = make([]ListedJob, len(sel))
+	if err := s.readPage(ctx, sel, page.Jobs); err != nil {
+		return ListPage{}, err
+	}
+	return page, nil
+}
+
+// paging is the filter's page size and the entry its cursor continues
+// after (nil: from the newest).
+func (f ListFilter) paging() (int, *JobEntry, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = DefaultListLimit
 	}
 	limit = min(limit, MaxListLimit)
-	var after *JobEntry
-	if f.Cursor != "" {
-		c, err := decodeCursor(f.Cursor)
-		if err != nil {
-			return ListPage{}, err
-		}
-		after = &c
+	if f.Cursor == "" {
+		return limit, nil, nil
 	}
-	entries, err := s.ScanJobs(ctx, js)
+	c, err := decodeCursor(f.Cursor)
 	if err != nil {
-		return ListPage{}, err
+		return 0, nil, err
 	}
-	page := ListPage{Counts: map[JobState]int{}, Scanned: len(entries), Jobs: []ListedJob{}}
+	return limit, &c, nil
+}
+
+// pageOf selects a page from every job's entry: counts, matches, order
+// and cursor. The records are read by the caller.
+func pageOf(entries []JobEntry, f ListFilter, limit int, after *JobEntry) (ListPage, []JobEntry) {
+	page := ListPage{Counts: map[JobState]int{}, Scanned: len(entries)}
 	var matched []JobEntry
 	for _, e := range entries {
 		page.Counts[e.State]++
@@ -135,11 +162,7 @@ func (s *Store) List(ctx context.Context, js jetstream.JetStream, f ListFilter) 
 	if end < len(matched) && len(sel) > 0 {
 		page.Next = encodeCursor(sel[len(sel)-1])
 	}
-	page.Jobs = make([]ListedJob, len(sel))
-	if err := s.readPage(ctx, sel, page.Jobs); err != nil {
-		return ListPage{}, err
-	}
-	return page, nil
+	return page, sel
 }
 
 func (f ListFilter) match(e JobEntry) bool {
@@ -202,14 +225,23 @@ const maxScanExtra = 10_000
 // file). It reads what was stored when it started and what was written
 // while it read, each job once at its newest.
 func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntry, error) {
+	out, _, err := s.scanJobs(ctx, js)
+	return out, err
+}
+
+// scanJobs is ScanJobs, and the stream sequence up to which it read every
+// job write: the last message it received, or the stream's last sequence
+// at its start if it received none. A reader that goes on from the next
+// sequence misses no job write (an Index does).
+func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntry, uint64, error) {
 	stream := "KV_" + s.kv.Bucket()
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return nil, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	last := st.CachedInfo().State.LastSeq
 	if st.CachedInfo().State.Msgs == 0 {
-		return nil, nil
+		return nil, last, nil
 	}
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{"$KV." + s.kv.Bucket() + ".job.*"},
@@ -220,11 +252,11 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		InactiveThreshold: 30 * time.Second,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return nil, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(2000))
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return nil, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	defer func() {
 		it.Stop()
@@ -235,7 +267,7 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		}
 	}()
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
-		return nil, nil
+		return nil, last, nil
 	}
 	// Next blocks without a context: stop the iterator when ctx ends.
 	stop := context.AfterFunc(ctx, it.Stop)
@@ -246,19 +278,21 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	at := map[string]int{} // index in out of a job already read
 	gone := 0              // entries of out removed during the scan (ID "")
 	extra := 0             // writes read past the last at the start
+	var reached uint64     // the sequence of the last message received
 	prefix := "$KV." + s.kv.Bucket() + ".job."
 	for {
 		m, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("list jobs: %w", ctx.Err())
+				return nil, 0, fmt.Errorf("list jobs: %w", ctx.Err())
 			}
-			return nil, fmt.Errorf("list jobs: %w", err)
+			return nil, 0, fmt.Errorf("list jobs: %w", err)
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			return nil, fmt.Errorf("list jobs: %w", err)
+			return nil, 0, fmt.Errorf("list jobs: %w", err)
 		}
+		reached = md.Sequence.Stream
 		h := m.Headers()
 		id := strings.TrimPrefix(m.Subject(), prefix)
 		if i, seen := at[id]; seen {
@@ -301,11 +335,11 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	if len(legacy) > 0 {
 		more, err := s.legacyEntries(ctx, legacy)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		out = append(out, more...)
 	}
-	return out, nil
+	return out, reached, nil
 }
 
 // entryFromHeaders builds an entry from a record's headers; false when the

@@ -32,12 +32,11 @@ type listFixture struct {
 
 var listStates = []jobstore.JobState{jobstore.JobSucceeded, jobstore.JobSucceeded, jobstore.JobFailed, jobstore.JobRunning, jobstore.JobCancelled, jobstore.JobPending}
 
-func newListFixture(t *testing.T, n int) listFixture {
+func newListFixture(t testing.TB, n int) listFixture {
 	t.Helper()
 	st, js := newStore(t)
-	ctx := testCtx(t)
 	f := listFixture{js: js, store: st, base: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), state: map[string]jobstore.JobState{}}
-	var acks []jetstream.PubAckFuture
+	msgs := make([]*nats.Msg, 0, n)
 	for i := range n {
 		id := fmt.Sprintf("job-%05d", i)
 		state := listStates[i%len(listStates)]
@@ -50,31 +49,19 @@ func newListFixture(t *testing.T, n int) listFixture {
 		m.Header.Set(protocol.HeaderRecordState, string(state))
 		m.Header.Set(protocol.HeaderRecordDesired, string(j.Desired))
 		m.Header.Set(protocol.HeaderRecordCreated, created.Format(time.RFC3339Nano))
-		a, err := js.PublishMsgAsync(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		acks = append(acks, a)
+		msgs = append(msgs, m)
 		f.ids = append(f.ids, id)
 		f.state[id] = state
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publishing the fixture timed out")
-	}
-	for _, a := range acks {
-		select {
-		case err := <-a.Err():
-			t.Fatal(err)
-		default:
-		}
-	}
+	// In windows, each waited for: 20,000 publishes at once stalled the
+	// client ("too many outstanding async published messages") on a busy
+	// machine.
+	natstest.PublishAll(t, js, msgs...)
 	return f
 }
 
 // newStore is a job store on a fresh server with Warden's streams.
-func newStore(t *testing.T) (*jobstore.Store, jetstream.JetStream) {
+func newStore(t testing.TB) (*jobstore.Store, jetstream.JetStream) {
 	t.Helper()
 	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
 	st, err := jobstore.Open(testCtx(t), js)
@@ -84,7 +71,7 @@ func newStore(t *testing.T) (*jobstore.Store, jetstream.JetStream) {
 	return st, js
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx

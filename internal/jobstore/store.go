@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,6 +40,8 @@ type Store struct {
 	nc        *nats.Conn
 	stream    string
 	retention time.Duration
+	// index answers List while it is current (UseIndex); nil: List scans.
+	index atomic.Pointer[Index]
 }
 
 // Option customises a Store.

@@ -1,0 +1,261 @@
+package jobstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Answering a listing from an Index.
+//
+// A listing must see every job write stored before it began, as a scan
+// started then would (a job submitted, then listed at once, is there). So
+// it first asks the stream for its last sequence (one stream info) and,
+// when the index has not applied every job write up to it, asks the
+// stream leader for the first job write past what the index covers (one
+// message get, next_by_subj): none up to that sequence, and the index is
+// current; one, and the listing waits for the follower to apply it, then
+// looks again. All of it within IndexConfig.CatchUp, else the listing
+// scans. (A stream info per listing is O(1) on the server; the last
+// message of "job.*" would be one request too, but the server finds it by
+// matching every job subject.)
+
+// Why a listing was not answered from the index.
+var (
+	errIndexNotReady    = errors.New("job index not built")
+	errIndexBehind      = errors.New("job index behind the stream")
+	errIndexRebuilt     = errors.New("job index dropped or rebuilt during the listing")
+	errIndexStreamReset = errors.New("job index: the jobs stream was purged or made again")
+)
+
+// page fills out and sel from the index when it is current (see above);
+// false: the caller scans.
+func (ix *Index) page(ctx context.Context, f ListFilter, limit int, after *JobEntry, out *ListPage, sel *[]JobEntry) bool {
+	gen, err := ix.await(ctx)
+	if err == nil {
+		ix.mu.RLock()
+		if ix.ready && ix.gen == gen {
+			*out, *sel = ix.pageLocked(f, limit, after)
+		} else {
+			err = errIndexRebuilt
+		}
+		ix.mu.RUnlock()
+	}
+	if err != nil {
+		ix.fallbacks.Add(1)
+		ix.cfg.Logger.Debug().Err(err).Str("component", "job_index").Msg("listing by a scan")
+		return false
+	}
+	ix.indexed.Add(1)
+	return true
+}
+
+// await returns once the index has applied every job write stored before
+// the call, with the generation it checked.
+func (ix *Index) await(ctx context.Context) (uint64, error) {
+	ix.mu.RLock()
+	ready, gen := ix.ready, ix.gen
+	ix.mu.RUnlock()
+	if !ready {
+		return 0, errIndexNotReady
+	}
+	cctx, cancel := context.WithTimeout(ctx, ix.cfg.CatchUp)
+	defer cancel()
+	st, err := ix.js.Stream(cctx, ix.stream)
+	if err != nil {
+		return 0, fmt.Errorf("job index: last sequence: %w", err)
+	}
+	if err := ix.checkStream(gen, st.CachedInfo().State); err != nil {
+		return 0, err
+	}
+	last := st.CachedInfo().State.LastSeq
+	for {
+		covered, err := ix.covers(gen)
+		if err != nil {
+			return 0, err
+		}
+		if covered >= last {
+			return gen, nil
+		}
+		next, found, err := ix.nextJobWrite(cctx, covered+1)
+		if err != nil {
+			return 0, fmt.Errorf("job index: next job write: %w", err)
+		}
+		if !found || next > last {
+			// No job write in (covered, last]: the index is current up to last.
+			ix.mu.Lock()
+			if ix.gen == gen {
+				ix.covered = max(ix.covered, last)
+			}
+			ix.mu.Unlock()
+			return gen, nil
+		}
+		if err := ix.waitFor(cctx, ctx, gen, next); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// checkStream ends the follower of an index the stream no longer
+// matches: its last sequence below what the index covers (the stream was
+// deleted and made again), or no message left while the index holds jobs
+// (purged whole). Run rebuilds it.
+func (ix *Index) checkStream(gen uint64, st jetstream.StreamState) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if !ix.ready || ix.gen != gen {
+		return errIndexRebuilt
+	}
+	if st.LastSeq >= ix.covered && (st.Msgs > 0 || len(ix.byID) == 0) {
+		return nil
+	}
+	err := fmt.Errorf("%w: stream at sequence %d with %d messages, index at %d with %d jobs",
+		errIndexStreamReset, st.LastSeq, st.Msgs, ix.covered, len(ix.byID))
+	if ix.abort != nil {
+		ix.abort(err)
+	}
+	return err
+}
+
+// covers is the sequence the index covers, if it is still generation gen.
+func (ix *Index) covers(gen uint64) (uint64, error) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if !ix.ready || ix.gen != gen {
+		return 0, errIndexRebuilt
+	}
+	return ix.covered, nil
+}
+
+// waitFor waits until the follower has applied the write at seq. cctx
+// bounds the wait; when it ends first (ctx, the caller's, still going) and
+// the follower has applied nothing for IndexConfig.Stall, the follower is
+// taken for stalled and ended: Run rebuilds the index.
+func (ix *Index) waitFor(cctx, ctx context.Context, gen, seq uint64) error {
+	for {
+		ix.mu.Lock()
+		if !ix.ready || ix.gen != gen {
+			ix.mu.Unlock()
+			return errIndexRebuilt
+		}
+		if ix.covered >= seq {
+			ix.mu.Unlock()
+			return nil
+		}
+		if ix.changed == nil {
+			ix.changed = make(chan struct{})
+		}
+		ch := ix.changed
+		ix.mu.Unlock()
+		select {
+		case <-ch:
+		case <-cctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ix.mu.Lock()
+			if ix.ready && ix.gen == gen && ix.covered < seq && ix.cfg.Now().Sub(ix.progress) >= ix.cfg.Stall && ix.abort != nil {
+				ix.abort(fmt.Errorf("%w: job write %d not applied, none since %s", errIndexStalled, seq, ix.progress.Format("15:04:05.000")))
+			}
+			ix.mu.Unlock()
+			return fmt.Errorf("%w: job write %d not applied in %s", errIndexBehind, seq, ix.cfg.CatchUp)
+		}
+	}
+}
+
+// nextJobWrite asks the stream's leader (not a replica that may lag, as a
+// direct get would) for the sequence of the first job write at or after
+// from.
+func (ix *Index) nextJobWrite(ctx context.Context, from uint64) (uint64, bool, error) {
+	req, _ := json.Marshal(struct {
+		Seq      uint64 `json:"seq"`
+		NextFor  string `json:"next_by_subj"`
+		NoHeader bool   `json:"no_hdr"`
+	}{from, ix.filter, true})
+	m, err := ix.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+ix.stream, req)
+	if err != nil {
+		return 0, false, err
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return 0, false, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return 0, false, nil
+	case resp.Error != nil:
+		return 0, false, errors.New(resp.Error.Description)
+	case resp.Message == nil:
+		return 0, false, errors.New("empty reply")
+	}
+	return resp.Message.Seq, true, nil
+}
+
+// pageLocked is pageOf over the index: counts kept up to date, the
+// created bounds found by binary search in order, and only the page's
+// entries (and, with a state or time filter, the matches) visited. Read
+// lock held.
+func (ix *Index) pageLocked(f ListFilter, limit int, after *JobEntry) (ListPage, []JobEntry) {
+	page := ListPage{Counts: make(map[JobState]int, len(ix.counts)), Scanned: len(ix.byID)}
+	for s, n := range ix.counts {
+		page.Counts[s] = n
+	}
+	order := ix.order
+	lo, hi := 0, len(order)
+	if !f.CreatedAfter.IsZero() {
+		lo = sort.Search(len(order), func(i int) bool { return !order[i].created.Before(f.CreatedAfter) })
+	}
+	if !f.CreatedBefore.IsZero() {
+		hi = max(lo, sort.Search(len(order), func(i int) bool { return !order[i].created.Before(f.CreatedBefore) }))
+	}
+	keep := func(sl *slot) bool {
+		return !sl.removed && (len(f.States) == 0 || slices.Contains(f.States, sl.state))
+	}
+	switch {
+	case lo == 0 && hi == len(order) && len(f.States) == 0:
+		page.Matched = len(ix.byID)
+	case lo == 0 && hi == len(order):
+		var seen []JobState
+		for _, s := range f.States {
+			if !slices.Contains(seen, s) {
+				seen = append(seen, s)
+				page.Matched += ix.counts[s]
+			}
+		}
+	default:
+		for _, sl := range order[lo:hi] {
+			if keep(sl) {
+				page.Matched++
+			}
+		}
+	}
+	start := hi
+	if after != nil {
+		// The jobs listed after the cursor's are order's prefix.
+		start = min(start, sort.Search(len(order), func(i int) bool { return listOrder(order[i], after.Created, after.ID) <= 0 }))
+	}
+	sel := make([]JobEntry, 0, min(limit+1, max(start-lo, 0)))
+	for i := start - 1; i >= lo && len(sel) <= limit; i-- {
+		if keep(order[i]) {
+			sel = append(sel, order[i].entry())
+		}
+	}
+	if len(sel) > limit {
+		sel = sel[:limit]
+		page.Next = encodeCursor(sel[limit-1])
+	}
+	return page, sel
+}

@@ -1,0 +1,161 @@
+package jobstore
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// The index's entries: a slot per job, found by id (byID) and kept in
+// listing order (order), so that a page is read off the end of order
+// rather than sorted out of every entry.
+
+// install replaces the index with a scan's entries, complete up to the
+// stream sequence last, and marks it ready.
+func (ix *Index) install(entries []JobEntry, last uint64) {
+	byID := make(map[string]*slot, len(entries))
+	order := make([]*slot, 0, len(entries))
+	counts := map[JobState]int{}
+	for _, e := range entries {
+		sl := newSlot(e)
+		byID[sl.id] = sl
+		order = append(order, sl)
+		counts[sl.state]++
+	}
+	slices.SortFunc(order, func(a, b *slot) int { return listOrder(b, a.created, a.id) })
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.byID, ix.order, ix.removed, ix.counts = byID, order, 0, counts
+	ix.covered, ix.progress = last, ix.cfg.Now()
+	ix.gen++
+	ix.ready = true
+	ix.builds.Add(1)
+	ix.wake()
+}
+
+// drop marks the index unusable and frees its entries.
+func (ix *Index) drop() {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.ready = false
+	ix.byID, ix.order, ix.removed, ix.counts, ix.covered = nil, nil, 0, nil, 0
+	ix.abort = nil
+	ix.wake()
+}
+
+// put stores e unless the index holds a newer write of its job. Lock held.
+func (ix *Index) put(e JobEntry) {
+	if sl, ok := ix.byID[e.ID]; ok {
+		if e.Revision <= sl.rev {
+			return
+		}
+		ix.count(sl.state, -1)
+		if sl.created.Equal(e.Created) { // its place in order holds
+			sl.fill(e)
+			ix.count(sl.state, 1)
+			return
+		}
+		ix.unlink(sl)
+	}
+	sl := newSlot(e)
+	ix.byID[sl.id] = sl
+	ix.count(sl.state, 1)
+	i, _ := slices.BinarySearchFunc(ix.order, sl, func(x, k *slot) int { return listOrder(k, x.created, x.id) })
+	ix.order = slices.Insert(ix.order, i, sl)
+}
+
+// remove forgets a job, removed by the write at seq. Lock held.
+func (ix *Index) remove(id string, seq uint64) {
+	sl, ok := ix.byID[id]
+	if !ok || seq <= sl.rev {
+		return
+	}
+	ix.count(sl.state, -1)
+	ix.unlink(sl)
+}
+
+// unlink takes sl out of byID and marks it removed in order, which is
+// compacted once removed slots are a quarter of it. Lock held.
+func (ix *Index) unlink(sl *slot) {
+	delete(ix.byID, sl.id)
+	sl.removed = true
+	ix.removed++
+	if ix.removed > 1024 && ix.removed*4 > len(ix.order) {
+		ix.order = slices.DeleteFunc(ix.order, func(s *slot) bool { return s.removed })
+		if cap(ix.order) > 2*len(ix.order)+1024 {
+			ix.order = slices.Clone(ix.order)
+		}
+		ix.removed = 0
+	}
+}
+
+func (ix *Index) count(s JobState, d int) {
+	if ix.counts[s] += d; ix.counts[s] == 0 {
+		delete(ix.counts, s)
+	}
+}
+
+// advance records that every job write up to seq is applied. Lock held.
+func (ix *Index) advance(seq uint64) {
+	if seq > ix.covered {
+		ix.covered, ix.progress = seq, ix.cfg.Now()
+		ix.wake()
+	}
+}
+
+// wake tells waiting listings that the index moved. Lock held.
+func (ix *Index) wake() {
+	if ix.changed != nil {
+		close(ix.changed)
+		ix.changed = nil
+	}
+}
+
+// slot is one job's entry as the index holds it (144 bytes).
+type slot struct {
+	id                        string
+	state, desired            JobState
+	created, updated, expires time.Time
+	rev                       uint64
+	removed                   bool
+}
+
+func newSlot(e JobEntry) *slot {
+	sl := &slot{id: strings.Clone(e.ID)}
+	sl.fill(e)
+	return sl
+}
+
+// fill sets everything but the id.
+func (sl *slot) fill(e JobEntry) {
+	sl.state, sl.desired = intern(e.State), intern(e.Desired)
+	sl.created, sl.updated, sl.expires, sl.rev = e.Created, e.Updated, e.ExpiresAt, e.Revision
+}
+
+func (sl *slot) entry() JobEntry {
+	return JobEntry{ID: sl.id, State: sl.state, Desired: sl.desired, Created: sl.created, Updated: sl.updated,
+		ExpiresAt: sl.expires, Revision: sl.rev}
+}
+
+// listOrder compares sl with the job (created, id) in listing order
+// (compareEntries): negative when sl is listed first.
+func listOrder(sl *slot, created time.Time, id string) int {
+	if c := created.Compare(sl.created); c != 0 {
+		return c
+	}
+	return strings.Compare(sl.id, id)
+}
+
+var jobStates = []JobState{JobPending, JobRunning, JobSucceeded, JobFailed, JobCancelled,
+	JobCompensating, JobCompensated, JobCompensationFailed, JobExpired}
+
+// intern returns the package's constant for a known state, so that an
+// entry does not keep the string its header was decoded into.
+func intern(s JobState) JobState {
+	for _, k := range jobStates {
+		if s == k {
+			return k
+		}
+	}
+	return JobState(strings.Clone(string(s)))
+}
