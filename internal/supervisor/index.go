@@ -44,9 +44,9 @@ type entry struct {
 	job     string // a substring of key
 	step    string // a substring of key (step records)
 	kind    entryKind
-	pending bool  // a step record in state pending
+	pending bool  // a record in state pending (a step, or a job none of whose steps started)
 	seen    bool  // job entries: the job's own record was observed
-	tries   uint8 // advance requests since the record last changed
+	tries   uint8 // advance requests since the record last moved (recheck)
 	active  int32 // job records: unfinished step records of the job
 	locked  int64 // earliest lease end in the record; 0: none
 	wrote   int64 // last write of the record (jobs: of the job or a step)
@@ -115,9 +115,22 @@ func (x *Index) Observe(r Record) {
 			x.jobOf(job).active++
 		}
 	}
-	e.locked, e.tries, e.seen = unixNano(r.LockedUntil), 0, true
+	locked, pending := unixNano(r.LockedUntil), r.State == string(jobstore.StepPending)
+	if !e.pending || !pending || e.locked != 0 || locked != 0 {
+		// The record moved (a dispatch, a release, an end, a new state):
+		// whatever the schedulers were asked before is answered.
+		e.tries = 0
+	}
+	// Else it was written again still pending and holding no lease: a
+	// scheduler noted why the step still waits (its waiting reason), which
+	// is no move. The requests asked since stay counted, so the recheck
+	// after the last one keeps its short delay (recheck): reset, the
+	// scheduler that wrote it and parked the job in its memory was trusted
+	// for a whole grace again, and if it died meanwhile (the chaos suite's
+	// partitions and kills) the job waited that long for nothing.
+	e.locked, e.seen = locked, true
 	e.wrote = max(e.wrote, unixNano(r.Written))
-	e.pending = kind == kindStep && r.State == string(jobstore.StepPending)
+	e.pending = pending
 	if kind == kindStep {
 		x.touchJob(job, e.wrote)
 	}
@@ -185,15 +198,35 @@ func (x *Index) schedule(e *entry) {
 	}
 }
 
-// backoff is how long after its last change a record waits for the n+1st
-// advance request: the grace, doubling with every request that did not
-// move it, at most maxBackoff.
+// recheckDivisor: the first recheck after an answered advance request
+// comes grace/recheckDivisor after it (3.75 s with the default 30 s).
+const recheckDivisor = 8
+
+// backoff is how long a record waits for its next advance request after
+// its last move (n = 0: the grace), or after the n-th request since (n ≥
+// 1) that did not move it: grace/8 after the first, doubling with each
+// request, at most maxBackoff (16 × the grace).
+//
+// An answer is not a move. The scheduler that answers may have placed
+// nothing (every agent busy, higher priority work waiting) and parked the
+// job in its memory, where no message is held for it; if that scheduler
+// dies or is cut off, nothing moves the job until the next request. The
+// backoff used to start at twice the grace, so that a job accepted by a
+// scheduler that died, and asked about once more by one that parked it
+// and died too, waited 30 s + 60 s before its first step ran (the chaos
+// suite's network partitions, seeds 4242 and 31337). Starting small costs
+// a job that waits long for an agent four more requests in all (over its
+// first 16 × grace), and nothing after: the rate of requests once the
+// backoff has reached its bound is the same.
 func (x *Index) backoff(n uint8) int64 {
-	d := x.grace
-	for i := uint8(0); i < n && d < x.maxBackoff; i++ {
+	if n == 0 {
+		return int64(x.grace)
+	}
+	d := x.grace / recheckDivisor
+	for i := uint8(1); i < n && d < x.maxBackoff; i++ {
 		d *= 2
 	}
-	return int64(min(d, x.maxBackoff))
+	return int64(max(min(d, x.maxBackoff), time.Millisecond))
 }
 
 // PopDue removes from the schedule and returns every entry due at or
@@ -212,8 +245,9 @@ func (x *Index) PopDue(now time.Time) []Due {
 	return out
 }
 
-// Recheck schedules an entry whose job was asked to advance: if its record
-// does not change, it comes due again after the next backoff.
+// Recheck schedules an entry whose job was asked to advance and answered:
+// if its record does not move (see Observe), it comes due again after the
+// next backoff, soon after the first request.
 func (x *Index) Recheck(key string, now time.Time) {
 	if e := x.entries[key]; e != nil {
 		e.tries = min(e.tries+1, 30)

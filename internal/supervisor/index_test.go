@@ -3,6 +3,7 @@ package supervisor
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 )
@@ -107,15 +108,17 @@ func TestIndexPendingStepComesDueAfterAnotherEnds(t *testing.T) {
 }
 
 // A job asked to advance again and again without moving is asked less and
-// less often: 1×, 2×, 4× ... the grace, at most 16×.
+// less often: first after the grace, then grace/8 after the first answer
+// (which may come from a scheduler that parks the job in its memory and
+// dies), doubling with every answer, at most 16 × the grace.
 func TestIndexBacksOffRequestsThatMoveNothing(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(10_000, 0)
-	x := NewIndex(time.Second)
+	x := NewIndex(8 * time.Second)
 	x.Observe(rec("step.j.s", "pending", t0, time.Time{}))
 	now := t0
 	var gaps []time.Duration
-	for range 7 {
+	for range 11 {
 		next, _ := x.Next()
 		gaps = append(gaps, next.Sub(now))
 		now = next
@@ -123,16 +126,53 @@ func TestIndexBacksOffRequestsThatMoveNothing(t *testing.T) {
 			x.Recheck(d.Key, now)
 		}
 	}
-	want := []time.Duration{1, 2, 4, 8, 16, 16, 16}
+	want := []time.Duration{8, 1, 2, 4, 8, 16, 32, 64, 128, 128, 128}
 	for i := range want {
-		if gaps[i] != want[i]*time.Second {
-			t.Fatalf("gaps %v, want %v seconds", gaps, want)
-		}
+		want[i] *= time.Second
 	}
-	// A write resets the backoff.
+	if !slices.Equal(gaps, want) {
+		t.Fatalf("gaps %v, want %v", gaps, want)
+	}
+	// A write that leaves the step pending without a lease (a scheduler
+	// noting why it waits) is no move: the backoff stands.
 	x.Observe(rec("step.j.s", "pending", now, time.Time{}))
-	if next, _ := x.Next(); next.Sub(now) != time.Second {
-		t.Fatalf("after a write: due in %v", next.Sub(now))
+	if next, _ := x.Next(); next.Sub(now) != 128*time.Second {
+		t.Fatalf("after a pending write: due in %v", next.Sub(now))
+	}
+	// A dispatch is a move; so is its release: the grace again.
+	x.Observe(rec("step.j.s", "dispatched", now, now.Add(time.Hour)))
+	x.Observe(rec("step.j.s", "pending", now, time.Time{}))
+	if next, _ := x.Next(); next.Sub(now) != 8*time.Second {
+		t.Fatalf("after a dispatch and a release: due in %v", next.Sub(now))
+	}
+}
+
+// The chaos suite's partitions (seeds 4242, 31337): a scheduler answered
+// the advance request about a job whose first step had waited out the
+// grace, wrote why the step still waited (every agent busy) and was
+// killed. Its write reset the entry, and the next request came a whole
+// grace later (or twice the grace, when the reason had not changed and
+// nothing was written). The recheck after an answer stands through such a
+// write; an inline job's record (its one step inside) the same.
+func TestIndexRecheckAfterAnAnswerOutlivesAWaitingReason(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	const grace = 8 * time.Second
+	for _, key := range []string{"step.j.s", "job.small"} {
+		x := NewIndex(grace)
+		x.Observe(rec(key, "pending", t0, time.Time{}))
+		asked := t0.Add(grace)
+		due := x.PopDue(asked)
+		if len(due) != 1 || due[0].Key != key {
+			t.Fatalf("%s: due %+v", key, due)
+		}
+		x.Recheck(key, asked)
+		// The answering scheduler's write of the step's waiting reason.
+		x.Observe(rec(key, "pending", asked.Add(time.Millisecond), time.Time{}))
+		next, _ := x.Next()
+		if want := asked.Add(time.Millisecond + grace/8); !next.Equal(want) {
+			t.Fatalf("%s: next request at +%v after the answer, want +%v", key, next.Sub(asked), want.Sub(asked))
+		}
 	}
 }
 

@@ -102,9 +102,11 @@ func (r *recovery) due(ctx context.Context, idx *Index) error {
 			r.log.Debug().Err(err).Str("key", d.Key).Msg("recovery deferred")
 			idx.Retry(d, now.Add(r.retry))
 		case recheck:
-			// Asked; if the record does not move (no agent yet, say), ask
-			// again after a longer wait. A write of the record reschedules
-			// or drops the entry before that.
+			// Asked and answered; if the record does not move (no agent
+			// yet, say), ask again: soon after the first answer (the
+			// scheduler that gave it may have parked the job in its memory
+			// and died), then less and less often. A move of the record
+			// (a dispatch, an end) reschedules or drops the entry first.
 			idx.Recheck(d.Key, now)
 		}
 	}
