@@ -46,6 +46,7 @@ func TestChaos(t *testing.T) {
 	jobs := generate(rnd, p.jobs, p.poison)
 
 	c := newCluster(t)
+	keepLogs(t, c)
 	nc, err := nats.Connect(c.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +60,7 @@ func TestChaos(t *testing.T) {
 		return err == nil
 	})
 	watch := startTransitionWatch(ctx, t, js)
+	keepRecords(ctx, t, js)
 	defineChaosCluster(ctx, t, js)
 	dups, err := startRepublisher(nc, js, seed)
 	if err != nil {

@@ -41,6 +41,7 @@ type cluster struct {
 	nats   *procs.Proc
 	roles  map[string]*role
 	order  []string
+	faults []string // what chaos did, when (keeplogs_test.go)
 }
 
 func freePort(t *testing.T) int {
@@ -69,13 +70,13 @@ func newCluster(t *testing.T) *cluster {
 	}
 	for i := range 2 {
 		add(fmt.Sprintf("scheduler-%d", i), func(url string) *procs.Proc {
-			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], "--server", url)
+			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], schedulerArgs("--server", url)...)
 		})
 	}
 	for i := range 2 {
 		id := fmt.Sprintf("sup-%d", i)
 		add(id, func(url string) *procs.Proc {
-			return procs.Start(t, id, bins["supervisor"], "--server", url, "--id", id)
+			return procs.Start(t, id, bins["supervisor"], supervisorArgs("--server", url, "--id", id)...)
 		})
 	}
 	for i := range 4 {
@@ -154,6 +155,7 @@ func (c *cluster) kill(name string, now time.Time, d time.Duration) bool {
 	}
 	r.proc.Kill()
 	r.downUntil = now.Add(d)
+	c.note("kill %s#%d for %s", name, len(r.history)-1, d)
 	return true
 }
 
@@ -167,6 +169,7 @@ func (c *cluster) pause(name string, now time.Time, d time.Duration) bool {
 		return false
 	}
 	r.pausedTil = now.Add(d)
+	c.note("pause %s#%d for %s", name, len(r.history)-1, d)
 	return true
 }
 

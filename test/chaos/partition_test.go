@@ -149,6 +149,7 @@ func (p *partitioner) begin(f *partition, now time.Time) bool {
 			continue
 		}
 		f.target, f.proc, f.outAt, f.before, f.begun = name, r.proc, len(r.proc.Output()), before, now
+		p.c.note("%s %s#%d", f, name, len(r.history)-1)
 		return true
 	}
 	return false
@@ -170,6 +171,7 @@ func (p *partitioner) heal(now time.Time) {
 		}
 		r := p.c.roles[f.target]
 		r.proxy.Heal()
+		p.c.note("heal %s %s", f, f.target)
 		f.healed, f.after = now, r.proxy.Stats()
 		p.past = append(p.past, f)
 		switch {
