@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -58,24 +57,10 @@ func (a *app) follow(ctx context.Context, id string, waitTimeout time.Duration) 
 		return err
 	}
 
-	wctx := ctx
-	if waitTimeout > 0 {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, waitTimeout)
-		defer cancel()
-	}
-	// In JSON mode stdout carries one document; progress goes to stderr.
-	out := a.stdout
-	if a.json {
-		out = a.stderr
-	}
-	p := newProgress(out)
-	p.startsAt = d.StartsAt
-	job, err := c.Follow(wctx, id, p.update)
+	job, err := a.watchJob(ctx, id, d.StartsAt, waitTimeout, func(ctx context.Context, update func(client.Update)) (*client.Job, error) {
+		return c.Follow(ctx, id, update)
+	})
 	if err != nil {
-		if waitTimeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return &waitTimeoutError{job: id, state: p.state(), after: waitTimeout, err: err}
-		}
 		return err
 	}
 	if a.json {

@@ -87,24 +87,10 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 		return nil
 	}
 
-	wctx := ctx
-	if f.waitTimeout > 0 {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
-		defer cancel()
-	}
-	// In JSON mode stdout carries one document; progress goes to stderr.
-	progress := a.stdout
-	if a.json {
-		progress = a.stderr
-	}
-	p := newProgress(progress)
-	p.startsAt = receipt.StartsAt
-	job, err := c.FollowSubmission(wctx, receipt, p.update)
+	job, err := a.watchJob(ctx, receipt.JobID, receipt.StartsAt, f.waitTimeout, func(ctx context.Context, update func(client.Update)) (*client.Job, error) {
+		return c.FollowSubmission(ctx, receipt, update)
+	})
 	if err != nil {
-		if f.waitTimeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return &waitTimeoutError{job: receipt.JobID, state: p.state(), after: f.waitTimeout, err: err}
-		}
 		return err
 	}
 	if a.json {
@@ -123,6 +109,32 @@ func (a *app) submit(ctx context.Context, f submitFlags) error {
 		return &exitError{code: exitJobFailed}
 	}
 	return nil
+}
+
+// watchJob prints a job's progress (newProgress) while follow follows it,
+// until it ends or waitTimeout (0: none) passes, which is a
+// *waitTimeoutError saying what the job was doing. In JSON mode stdout
+// carries one document: the progress goes to stderr. submit --wait and
+// job follow share it.
+func (a *app) watchJob(ctx context.Context, id string, startsAt time.Time, waitTimeout time.Duration,
+	follow func(context.Context, func(client.Update)) (*client.Job, error)) (*client.Job, error) {
+	wctx := ctx
+	if waitTimeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, waitTimeout)
+		defer cancel()
+	}
+	out := a.stdout
+	if a.json {
+		out = a.stderr
+	}
+	p := newProgress(out)
+	p.startsAt = startsAt
+	job, err := follow(wctx, p.update)
+	if err != nil && waitTimeout > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, &waitTimeoutError{job: id, state: p.state(), after: waitTimeout, err: err}
+	}
+	return job, err
 }
 
 // waitTimeoutError is a --wait that --wait-timeout ended before the job
