@@ -2,7 +2,6 @@ package jobstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -172,36 +171,18 @@ func (ix *Index) waitFor(cctx, ctx context.Context, gen, seq uint64) error {
 // direct get would) for the sequence of the first job write at or after
 // from.
 func (ix *Index) nextJobWrite(ctx context.Context, from uint64) (uint64, bool, error) {
-	req, _ := json.Marshal(struct {
+	msg, err := leaderGet(ctx, ix.js.Conn(), ix.stream, struct {
 		Seq      uint64 `json:"seq"`
 		NextFor  string `json:"next_by_subj"`
 		NoHeader bool   `json:"no_hdr"`
 	}{from, ix.filter, true})
-	m, err := ix.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+ix.stream, req)
+	if errors.Is(err, ErrNotFound) {
+		return 0, false, nil
+	}
 	if err != nil {
 		return 0, false, err
 	}
-	var resp struct {
-		Error *struct {
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return 0, false, err
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		return 0, false, nil
-	case resp.Error != nil:
-		return 0, false, errors.New(resp.Error.Description)
-	case resp.Message == nil:
-		return 0, false, errors.New("empty reply")
-	}
-	return resp.Message.Seq, true, nil
+	return msg.Seq, true, nil
 }
 
 // pageLocked is pageOf over the index: counts kept up to date, the

@@ -77,35 +77,17 @@ var ErrBehindLeader = fmt.Errorf("%w: read answered by a replica behind the stre
 // the step's result, and the step waited for its lease). The leader's
 // answer costs a request only on this path.
 func (s *Store) missing(ctx context.Context, key string) error {
-	req, _ := json.Marshal(struct {
+	msg, err := leaderGet(ctx, s.nc, s.stream, struct {
 		LastBySubj string `json:"last_by_subj"`
 	}{kvPrefix + key})
-	m, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+s.stream, req)
-	if err != nil {
-		return fmt.Errorf("get %s from the stream leader: %w", key, err)
-	}
-	var resp struct {
-		Error *struct {
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Header []byte `json:"hdrs"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return fmt.Errorf("get %s from the stream leader: %w", key, err)
-	}
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+	case errors.Is(err, ErrNotFound):
 		return fmt.Errorf("get %s: %w", key, ErrNotFound)
-	case resp.Error != nil:
-		return fmt.Errorf("get %s from the stream leader: %s", key, resp.Error.Description)
-	case resp.Message == nil:
-		return fmt.Errorf("get %s from the stream leader: empty reply", key)
+	case err != nil:
+		return fmt.Errorf("get %s from the stream leader: %w", key, err)
 	}
-	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+	if len(msg.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(msg.Header)
 		if err != nil {
 			return fmt.Errorf("get %s from the stream leader: %w", key, err)
 		}
@@ -114,6 +96,42 @@ func (s *Store) missing(ctx context.Context, key string) error {
 		}
 	}
 	return fmt.Errorf("get %s: %w", key, ErrBehindLeader)
+}
+
+// leaderMsg is what a STREAM.MSG.GET answers of a message.
+type leaderMsg struct {
+	Seq    uint64 `json:"seq"`
+	Header []byte `json:"hdrs"`
+}
+
+// leaderGet asks stream's leader (not a replica that may lag, as a direct
+// get would) for the message req selects (the JetStream API's get
+// request); ErrNotFound if there is none.
+func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req any) (leaderMsg, error) {
+	b, _ := json.Marshal(req)
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, b)
+	if err != nil {
+		return leaderMsg{}, err
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *leaderMsg `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return leaderMsg{}, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return leaderMsg{}, ErrNotFound
+	case resp.Error != nil:
+		return leaderMsg{}, errors.New(resp.Error.Description)
+	case resp.Message == nil:
+		return leaderMsg{}, errors.New("empty reply")
+	}
+	return *resp.Message, nil
 }
 
 // toEntry turns a direct-get reply into an entry; ok is false for a delete,
