@@ -45,6 +45,10 @@ type recentReports struct {
 	maxBytes int
 	bytes    int        // of the bodies held
 	order    *list.List // of *reportEntry, the oldest first
+	// bodied is the oldest entry still holding its body: the ones before
+	// it dropped theirs (maxBytes), so the bound is kept without walking
+	// them at every add.
+	bodied *list.Element
 	byKey    map[string]*list.Element
 	byStep   map[string]*list.Element // "<job>.<step>" -> its latest
 }
@@ -90,7 +94,7 @@ func reportKey(t protocol.Task) string {
 func (r *recentReports) add(t protocol.Task, res protocol.Result, m *nats.Msg, deadline, now time.Time) {
 	e := &reportEntry{key: reportKey(t), step: t.JobID + "." + t.StepID, epoch: t.Epoch,
 		attempt: t.Attempt, token: t.Token, failed: res.Status == protocol.ResultFailed,
-		until: now.Add(recentReportsFor), subject: m.Subject, header: maps.Clone(m.Header), data: m.Data}
+		until: now.Add(recentReportsFor), subject: m.Subject, header: m.Header, data: m.Data} // m is the agent's no more
 	if deadline.After(e.until) {
 		e.until = deadline
 	}
@@ -102,14 +106,17 @@ func (r *recentReports) add(t protocol.Task, res protocol.Result, m *nats.Msg, d
 	el := r.order.PushBack(e)
 	r.byKey[e.key], r.byStep[e.step] = el, el
 	r.bytes += len(e.data)
+	if r.bodied == nil {
+		r.bodied = el
+	}
 	for f := r.order.Front(); f != nil && f != el; f = r.order.Front() {
 		if r.order.Len() <= r.kept && !f.Value.(*reportEntry).until.Before(now) {
 			break
 		}
 		r.remove(f)
 	}
-	for f := r.order.Front(); f != nil && r.bytes > r.maxBytes; f = f.Next() {
-		old := f.Value.(*reportEntry)
+	for ; r.bodied != nil && r.bytes > r.maxBytes; r.bodied = r.bodied.Next() {
+		old := r.bodied.Value.(*reportEntry)
 		r.bytes -= len(old.data)
 		old.data = nil
 	}
@@ -117,6 +124,9 @@ func (r *recentReports) add(t protocol.Task, res protocol.Result, m *nats.Msg, d
 
 // remove forgets el; r.mu is held.
 func (r *recentReports) remove(el *list.Element) {
+	if r.bodied == el {
+		r.bodied = el.Next()
+	}
 	e := r.order.Remove(el).(*reportEntry)
 	delete(r.byKey, e.key)
 	if r.byStep[e.step] == el {
