@@ -49,8 +49,8 @@ type recentReports struct {
 	// it dropped theirs (maxBytes), so the bound is kept without walking
 	// them at every add.
 	bodied *list.Element
-	byKey    map[string]*list.Element
-	byStep   map[string]*list.Element // "<job>.<step>" -> its latest
+	byKey  map[string]*list.Element
+	byStep map[string]*list.Element // "<job>.<step>" -> its latest
 }
 
 // reportEntry is one stored result (recentReports).
