@@ -389,15 +389,17 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 		pos := slices.IndexFunc(r.Waiters, isHolder)
 		queued := pos >= 0
 		moved := queued && r.Waiters[pos].Priority != p
+		// ahead: how many are served before it; its index in the queue,
+		// which a record keeps in serving order (record).
+		ahead := pos
 		if moved {
 			// Asked at another priority (or an older version wrote the
 			// queue without priorities): it takes that priority's place.
 			r.Waiters[pos].Priority = p
+			r.order()
+			ahead = slices.IndexFunc(r.Waiters, isHolder)
 		}
-		r.order()
 		me := entry{ID: holder, Since: now, Until: now.Add(l.cfg.WaitLease), Priority: p}
-		// ahead: how many are served before it; its index in the queue.
-		ahead := slices.IndexFunc(r.Waiters, isHolder)
 		if !queued {
 			// A newcomer's place: behind every waiter of its priority or
 			// higher.
@@ -542,7 +544,6 @@ func (l *Limiter) release(ctx context.Context, key, holder string, until time.Ti
 		}
 		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
 		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
-		r.order()
 		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
 			next = append(next, r.Waiters[i].ID)
 		}
@@ -574,7 +575,6 @@ func (l *Limiter) Inspect(ctx context.Context, key string) (State, error) {
 		return st, err
 	}
 	r.prune(l.cfg.Now())
-	r.order()
 	st.Limit = r.Limit
 	for _, h := range r.Holders {
 		st.Holders = append(st.Holders, h.ID)
