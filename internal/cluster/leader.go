@@ -313,6 +313,12 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	// revision is left for the watch to bring up to date.
 	claimed := reqs[:0]
 	for _, r := range reqs {
+		if r.ClaimedBy == m.key {
+			// Claimed in an earlier round that did not finish it (its
+			// state write failed): ours already.
+			claimed = append(claimed, r)
+			continue
+		}
 		err := bounded(func(c context.Context) error {
 			return m.store.claimRequest(c, def.Name, r.ClusterRequest, r.rev, m.key)
 		})
