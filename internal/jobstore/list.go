@@ -77,6 +77,19 @@ type ListedJob struct {
 	Steps []VersionedStep `json:"-"`
 }
 
+// StepsDone counts the steps read with the job that are in a terminal
+// state (from this one read: a job read again for its steps could be gone
+// by then).
+func (lj ListedJob) StepsDone() int {
+	n := 0
+	for _, st := range lj.Steps {
+		if st.State.Terminal() {
+			n++
+		}
+	}
+	return n
+}
+
 // ListPage is one page of a listing, newest job first.
 type ListPage struct {
 	Jobs []ListedJob `json:"jobs"`

@@ -52,17 +52,8 @@ func (o *Ops) ListJobs(ctx context.Context, f jobstore.ListFilter) (JobsPage, er
 		if lj.Job == nil {
 			continue // its retention ended between the scan and the read
 		}
-		row := JobSummary{JobEntry: lj.JobEntry, Name: lj.Job.Name, Error: lj.Job.Error,
-			StepsTotal: len(lj.Job.Spec.Steps), FinishedAt: lj.Job.FinishedAt}
-		// Steps done from the steps read with the record (one read: a job
-		// read again for its steps could be gone by then, and the whole
-		// page failed with "not found").
-		for _, st := range lj.Steps {
-			if st.State.Terminal() {
-				row.StepsDone++
-			}
-		}
-		out.Jobs = append(out.Jobs, row)
+		out.Jobs = append(out.Jobs, JobSummary{JobEntry: lj.JobEntry, Name: lj.Job.Name, Error: lj.Job.Error,
+			StepsTotal: len(lj.Job.Spec.Steps), StepsDone: lj.StepsDone(), FinishedAt: lj.Job.FinishedAt})
 	}
 	return out, nil
 }

@@ -60,13 +60,7 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) (JobsPage, error) {
 		if lj.Job == nil {
 			continue // its retention ended between the scan and the read
 		}
-		row := JobSummary{Job: redactJob(lj.Job), StepsTotal: len(lj.Job.Spec.Steps)}
-		for _, s := range lj.Steps {
-			if s.State.Terminal() {
-				row.StepsDone++
-			}
-		}
-		out.Jobs = append(out.Jobs, row)
+		out.Jobs = append(out.Jobs, JobSummary{Job: redactJob(lj.Job), StepsTotal: len(lj.Job.Spec.Steps), StepsDone: lj.StepsDone()})
 	}
 	return out, nil
 }
