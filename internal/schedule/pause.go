@@ -105,12 +105,8 @@ func (s *Store) Resume(ctx context.Context, name string) (Entry, bool, error) {
 	if err != nil || !changed {
 		return e, changed, err
 	}
-	now, err := s.serverTime(ctx)
-	if err != nil {
-		return e, true, fmt.Errorf("schedule %s resumed, its next tick not armed: %w", name, err)
-	}
-	next := x.Next(now)
-	switch err := arm(ctx, s.js, name, e.Rev, next); {
+	next, err := s.armNext(ctx, name, e.Rev, x)
+	switch {
 	case errors.Is(err, errChanged):
 		return e, true, fmt.Errorf("schedule %s was changed or removed while it was being resumed", name)
 	case err != nil:

@@ -161,12 +161,8 @@ func (r *Relay) armNow(ctx context.Context, e Entry) error {
 		r.log.Warn().Err(err).Str("schedule", e.Name).Msg("invalid schedule definition left alone")
 		return nil
 	}
-	now, err := r.store.serverTime(ctx)
-	if err != nil {
-		return err
-	}
-	next := x.Next(now)
-	switch err := arm(ctx, r.js, e.Name, e.Rev, next); {
+	next, err := r.store.armNext(ctx, e.Name, e.Rev, x)
+	switch {
 	case errors.Is(err, errChanged):
 		return nil // whoever changed it arms its own timer
 	case err != nil:

@@ -88,18 +88,23 @@ func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time,
 	if err != nil {
 		return time.Time{}, err
 	}
+	next, err := s.armNext(ctx, d.Name, rev, e)
+	if errors.Is(err, errChanged) {
+		return time.Time{}, fmt.Errorf("schedule %s was replaced or removed while it was being added", d.Name)
+	}
+	return next, err
+}
+
+// armNext arms revision rev of schedule name for the first tick of x after
+// now by the server's clock, and returns it; errChanged if rev is no
+// longer the schedule's definition (its writer arms its own).
+func (s *Store) armNext(ctx context.Context, name string, rev uint64, x Expr) (time.Time, error) {
 	now, err := s.serverTime(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
-	next := e.Next(now)
-	if err := arm(ctx, s.js, d.Name, rev, next); err != nil {
-		if errors.Is(err, errChanged) {
-			return time.Time{}, fmt.Errorf("schedule %s was replaced or removed while it was being added", d.Name)
-		}
-		return time.Time{}, err
-	}
-	return next, nil
+	next := x.Next(now)
+	return next, arm(ctx, s.js, name, rev, next)
 }
 
 // publishDef writes d on the condition that the last definition of its
