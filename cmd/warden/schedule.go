@@ -62,13 +62,11 @@ shorter of 1m and the interval).`,
 			}
 			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
 				next, err := st.Add(ctx, d, replace)
-				switch {
-				case errors.Is(err, schedule.ErrExists):
+				if errors.Is(err, schedule.ErrExists) {
 					return &exitError{code: exitUsage, err: err}
-				case errors.Is(err, schedule.ErrInvalid):
-					return invalidSchedule(err)
-				case err != nil:
-					return &exitError{code: exitUnavailable, err: err}
+				}
+				if err := scheduleError(err); err != nil {
+					return err
 				}
 				// A replaced schedule keeps its pause: say so, or the
 				// next tick printed would read as a promise.
@@ -133,12 +131,8 @@ shorter of 1m and the interval).`,
 		Use: "rm NAME", Short: "Remove a schedule (jobs it already submitted are not touched)", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
-				err := st.Remove(ctx, args[0])
-				switch {
-				case errors.Is(err, schedule.ErrNotFound):
-					return &exitError{code: exitNotFound, err: err}
-				case err != nil:
-					return &exitError{code: exitUnavailable, err: err}
+				if err := scheduleError(st.Remove(ctx, args[0])); err != nil {
+					return err
 				}
 				if !a.json {
 					fmt.Fprintf(a.stdout, "schedule %s removed\n", args[0])
@@ -203,12 +197,8 @@ that is not paused changes nothing.`,
 				if err := scheduleError(err); err != nil {
 					return err
 				}
-				if !changed {
-					// Not paused: its armed timer is the next tick.
-					if e, err = st.Get(ctx, args[0]); err != nil {
-						return scheduleError(err)
-					}
-				}
+				// Not paused (not changed): e is the schedule as read, its
+				// armed timer the next tick.
 				if a.json {
 					return writeJSON(a.stdout, map[string]any{"name": e.Name, "next": e.Next, "changed": changed})
 				}
