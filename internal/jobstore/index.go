@@ -299,14 +299,8 @@ func (ix *Index) apply(ctx context.Context, m jetstream.Msg) error {
 	if !Removed(h) {
 		if e, put = entryFromHeaders(id, h, md); !put {
 			// Written without the headers (an older version): read whole.
-			j, rev, err := ix.store.Job(ctx, id)
-			switch {
-			case errors.Is(err, ErrNotFound):
-			case err != nil:
+			if e, put, err = ix.store.legacyEntry(ctx, id); err != nil {
 				return fmt.Errorf("read job %s written without headers: %w", id, err)
-			default:
-				e = JobEntry{ID: id, State: j.State, Desired: j.Desired, Created: j.CreatedAt, Updated: j.UpdatedAt, Revision: rev}
-				put = true
 			}
 		}
 	}

@@ -394,6 +394,20 @@ func parseTTL(v string) (time.Duration, bool) {
 }
 
 // legacyEntries reads records that carry no headers.
+// legacyEntry is the entry of job id, written without the headers a
+// listing reads (an older version): its record read whole; ok is false if
+// there is none.
+func (s *Store) legacyEntry(ctx context.Context, id string) (e JobEntry, ok bool, err error) {
+	j, rev, err := s.Job(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return JobEntry{}, false, nil
+	}
+	if err != nil {
+		return JobEntry{}, false, err
+	}
+	return JobEntry{ID: id, State: j.State, Desired: j.Desired, Created: j.CreatedAt, Updated: j.UpdatedAt, Revision: rev}, true, nil
+}
+
 func (s *Store) legacyEntries(ctx context.Context, ids []string) ([]JobEntry, error) {
 	got := make([]JobEntry, len(ids))
 	ok := make([]bool, len(ids))
@@ -405,16 +419,7 @@ func (s *Store) legacyEntries(ctx context.Context, ids []string) ([]JobEntry, er
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			j, rev, err := s.Job(ctx, id)
-			if errors.Is(err, ErrNotFound) {
-				return
-			}
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			got[i] = JobEntry{ID: id, State: j.State, Desired: j.Desired, Created: j.CreatedAt, Updated: j.UpdatedAt, Revision: rev}
-			ok[i] = true
+			got[i], ok[i], errs[i] = s.legacyEntry(ctx, id)
 		}()
 	}
 	wg.Wait()
