@@ -53,11 +53,20 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger, ready func(addr st
 	o := ops.New(nc, store)
 	reg := metrics.NewRegistry()
 	reg.MustRegister(ops.NewCollector(o, log))
+	// The metrics feed follows the job keys and WARDEN_EVENTS; like the
+	// index it is stopped, and waited for, before the connection closes.
 	feed := ops.NewFeed(o, reg, log)
+	feedCtx, stopFeed := context.WithCancel(ctx)
+	feedDone := make(chan struct{})
 	go func() {
-		if err := feed.Run(ctx); err != nil {
+		defer close(feedDone)
+		if err := feed.Run(feedCtx); err != nil && feedCtx.Err() == nil {
 			log.Warn().Err(err).Msg("metrics feed stopped")
 		}
+	}()
+	defer func() {
+		stopFeed()
+		<-feedDone
 	}()
 	srv, err := New(cfg, nc, o, WithLogger(log), WithGatherer(reg))
 	if err != nil {
