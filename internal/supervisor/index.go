@@ -51,7 +51,8 @@ type entry struct {
 	locked  int64 // earliest lease end in the record; 0: none
 	wrote   int64 // last write of the record (jobs: of the job or a step)
 	due     int64
-	index   int32 // in the heap; -1 when not scheduled
+	index   int32  // in the heap; -1 when not scheduled
+	moved   uint32 // Index.moves when the record last moved (see Due.moved)
 }
 
 // Due is an index entry that needs the leader's attention now.
@@ -61,6 +62,11 @@ type Due struct {
 	// Locked: a lease in the record has ended (else it is a pending step,
 	// a stalled job or a failed advance).
 	Locked bool
+	// moved is the entry's mark of its last move when it came due: the
+	// recovery handles an entry while the index goes on observing writes,
+	// and an outcome (Recheck, Retry) applies only if the record has not
+	// moved since, else the move has scheduled it already.
+	moved uint32
 }
 
 // Index holds one entry per unfinished job-store record, ordered by when
@@ -75,6 +81,7 @@ type Index struct {
 	maxBackoff time.Duration
 	entries    map[string]*entry
 	heap       entryHeap
+	moves      uint32 // counts moves, to mark entries (entry.moved)
 }
 
 // NewIndex returns an empty index; grace is how long a pending step or a
@@ -109,7 +116,7 @@ func (x *Index) Observe(r Record) {
 		return
 	}
 	if e == nil {
-		e = &entry{key: r.Key, job: job, step: step, kind: kind, index: -1}
+		e = &entry{key: r.Key, job: job, step: step, kind: kind, index: -1, moved: x.move()}
 		x.entries[r.Key] = e
 		if kind == kindStep {
 			x.jobOf(job).active++
@@ -119,7 +126,7 @@ func (x *Index) Observe(r Record) {
 	if !e.pending || !pending || e.locked != 0 || locked != 0 {
 		// The record moved (a dispatch, a release, an end, a new state):
 		// whatever the schedulers were asked before is answered.
-		e.tries = 0
+		e.tries, e.moved = 0, x.move()
 	}
 	// Else it was written again still pending and holding no lease: a
 	// scheduler noted why the step still waits (its waiting reason), which
@@ -163,10 +170,16 @@ func (x *Index) jobOf(job string) *entry {
 	key := "job." + job
 	e := x.entries[key]
 	if e == nil {
-		e = &entry{key: key, job: key[len("job."):], kind: kindJob, index: -1}
+		e = &entry{key: key, job: key[len("job."):], kind: kindJob, index: -1, moved: x.move()}
 		x.entries[key] = e
 	}
 	return e
+}
+
+// move returns a new mark for an entry whose record moved.
+func (x *Index) move() uint32 {
+	x.moves++
+	return x.moves
 }
 
 // touchJob notes activity in a job's step records at wrote.
@@ -177,7 +190,7 @@ func (x *Index) touchJob(job string, wrote int64) {
 	}
 	if wrote > e.wrote {
 		e.wrote = wrote
-		e.tries = 0
+		e.tries, e.moved = 0, x.move()
 	}
 	x.schedule(e)
 }
@@ -237,7 +250,8 @@ func (x *Index) PopDue(now time.Time) []Due {
 	n := now.UnixNano()
 	for len(x.heap) > 0 && x.heap[0].due <= n {
 		e := heap.Pop(&x.heap).(*entry)
-		out = append(out, Due{Key: e.key, Job: e.job, Step: e.step, Kind: e.kind, Locked: e.locked != 0 && e.locked <= n})
+		out = append(out, Due{Key: e.key, Job: e.job, Step: e.step, Kind: e.kind,
+			Locked: e.locked != 0 && e.locked <= n, moved: e.moved})
 		if e.kind == kindAdvance {
 			delete(x.entries, e.key)
 		}
@@ -247,21 +261,24 @@ func (x *Index) PopDue(now time.Time) []Due {
 
 // Recheck schedules an entry whose job was asked to advance and answered:
 // if its record does not move (see Observe), it comes due again after the
-// next backoff, soon after the first request.
-func (x *Index) Recheck(key string, now time.Time) {
-	if e := x.entries[key]; e != nil {
+// next backoff, soon after the first request. A record that moved since d
+// came due is scheduled by its move already; one written again without
+// moving (a scheduler's waiting reason) is not, and is rechecked.
+func (x *Index) Recheck(d Due, now time.Time) {
+	if e := x.entries[d.Key]; e != nil && e.moved == d.moved {
 		e.tries = min(e.tries+1, 30)
 		x.set(e, now.UnixNano()+x.backoff(e.tries))
 	}
 }
 
-// Retry schedules an entry again at due (handling it failed).
+// Retry schedules an entry again at due (handling it failed), unless its
+// record moved since d came due.
 func (x *Index) Retry(d Due, due time.Time) {
 	if d.Kind == kindAdvance {
 		x.RetryAdvance(d.Job, due)
 		return
 	}
-	if e := x.entries[d.Key]; e != nil {
+	if e := x.entries[d.Key]; e != nil && e.moved == d.moved {
 		x.set(e, due.UnixNano())
 	}
 }

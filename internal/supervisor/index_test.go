@@ -98,7 +98,7 @@ func TestIndexPendingStepComesDueAfterAnotherEnds(t *testing.T) {
 	x.Observe(rec("step.j.bad", "dispatched", t0, t0.Add(time.Hour)))
 	x.Observe(rec("step.j.after", "pending", t0, time.Time{}))
 	for _, d := range x.PopDue(t0.Add(31 * time.Second)) {
-		x.Recheck(d.Key, t0.Add(31*time.Second)) // asked; nothing moved
+		x.Recheck(d, t0.Add(31*time.Second)) // asked; nothing moved
 	}
 	x.Observe(rec("step.j.bad", "dead_lettered", t0.Add(time.Minute), time.Time{}))
 	due := x.PopDue(t0.Add(2 * time.Minute))
@@ -123,7 +123,7 @@ func TestIndexBacksOffRequestsThatMoveNothing(t *testing.T) {
 		gaps = append(gaps, next.Sub(now))
 		now = next
 		for _, d := range x.PopDue(now) {
-			x.Recheck(d.Key, now)
+			x.Recheck(d, now)
 		}
 	}
 	want := []time.Duration{8, 1, 2, 4, 8, 16, 32, 64, 128, 128, 128}
@@ -166,7 +166,7 @@ func TestIndexRecheckAfterAnAnswerOutlivesAWaitingReason(t *testing.T) {
 		if len(due) != 1 || due[0].Key != key {
 			t.Fatalf("%s: due %+v", key, due)
 		}
-		x.Recheck(key, asked)
+		x.Recheck(due[0], asked)
 		// The answering scheduler's write of the step's waiting reason.
 		x.Observe(rec(key, "pending", asked.Add(time.Millisecond), time.Time{}))
 		next, _ := x.Next()
@@ -226,4 +226,47 @@ func TestIndexMemoryForAMillionQueuedSteps(t *testing.T) {
 		t.Fatalf("index would use %d bytes for %d queued steps", projected, target)
 	}
 	runtime.KeepAlive(x)
+}
+
+// The recovery handles a due entry while the index goes on observing
+// writes, so an outcome can arrive after a write of its record. A move (a
+// dispatch: the lease now says when it is due) wins over the outcome; a
+// write that is no move (the waiting reason of the scheduler answering)
+// does not, and the recheck after the answer still comes grace/8 later.
+func TestIndexOutcomeAfterAWriteOfItsRecord(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	const grace = 8 * time.Second
+	asked := t0.Add(grace)
+	lease := asked.Add(time.Minute)
+	for _, c := range []struct {
+		name  string
+		write Record
+		want  time.Time
+	}{
+		{"dispatched meanwhile", rec("step.j.s", "dispatched", asked.Add(time.Millisecond), lease), lease},
+		{"waiting reason meanwhile", rec("step.j.s", "pending", asked.Add(time.Millisecond), time.Time{}), asked.Add(2*time.Millisecond + grace/8)},
+	} {
+		for _, outcome := range []string{"recheck", "retry"} {
+			x := NewIndex(grace)
+			x.Observe(rec("step.j.s", "pending", t0, time.Time{}))
+			due := x.PopDue(asked)
+			if len(due) != 1 {
+				t.Fatalf("due %+v", due)
+			}
+			x.Observe(c.write)
+			want := c.want
+			if outcome == "recheck" {
+				x.Recheck(due[0], asked.Add(2*time.Millisecond))
+			} else {
+				x.Retry(due[0], asked.Add(time.Second))
+				if c.write.LockedUntil.IsZero() {
+					want = asked.Add(time.Second) // no move: the retry stands
+				}
+			}
+			if next, _ := x.Next(); !next.Equal(want) {
+				t.Errorf("%s, then %s: next due at +%v after the ask, want +%v", c.name, outcome, next.Sub(asked), want.Sub(asked))
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -30,10 +31,16 @@ type recovery struct {
 }
 
 // run follows the job store and acts until ctx ends or the lease is lost.
+// Due entries are handled by recoveryAsks workers (recovery_asks.go), so
+// that the loop goes on following the store, and other jobs come due,
+// while a scheduler takes its time to answer.
 func (r *recovery) run(ctx context.Context) error {
 	idx := NewIndex(r.grace)
 	records := make(chan Record, 4096)
 	errc := make(chan error, 1)
+	a := newAsks()
+	var workers sync.WaitGroup
+	defer workers.Wait()
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	f := &follower{js: r.term.js, kv: r.store.KV(), log: r.log}
@@ -48,10 +55,18 @@ func (r *recovery) run(ctx context.Context) error {
 		}
 	}
 	go func() { errc <- f.run(fctx, records, loaded) }()
+	for range recoveryAsks {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			r.asker(fctx, a.work, a.done)
+		}()
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	built := false
 	for {
+		work, head := a.head()
 		select {
 		case <-ctx.Done():
 			return nil
@@ -70,52 +85,75 @@ func (r *recovery) run(ctx context.Context) error {
 			built = true
 			r.log.Info().Int("unfinished_records", idx.Size()).Int("scheduled", idx.Len()).Msg("recovery index built")
 			close(r.built)
+		case work <- head:
+			a.handedOut()
+		case jr := <-a.done:
+			r.settle(idx, a.finished(jr))
 		case <-timer.C:
 		}
 		if !built {
 			continue
 		}
-		if err := r.due(ctx, idx); err != nil {
-			return nil // shutting down, or the term ended
-		}
+		a.add(idx.PopDue(r.term.now()))
 		if next, ok := idx.Next(); ok {
 			timer.Reset(max(next.Sub(r.term.now()), time.Millisecond))
 		}
 	}
 }
 
-// due handles every entry due now; an error means stop. A fence that
-// fails (errNotLeader) is not a stop: Leader() also says no for the moment
-// a renewal takes past the lease's last sure instant, and the term's
-// context, not the fence, ends the term when the lease is really lost. The
-// entry is tried again after recovery_retry, as after any other failure;
-// returning instead left the term running with its recovery gone.
-func (r *recovery) due(ctx context.Context, idx *Index) error {
+// settle schedules each handled entry again as its outcome says. A fence
+// that failed (errNotLeader) is not a stop: Leader() also says no for the
+// moment a renewal takes past the lease's last sure instant, and the
+// term's context, not the fence, ends the term when the lease is really
+// lost. The entry is tried again after recovery_retry, as after any other
+// failure; returning instead left the term running with its recovery gone.
+func (r *recovery) settle(idx *Index, handled []outcome) {
 	now := r.term.now()
-	asked := map[string]bool{} // one advance request per job per round
-	for _, d := range idx.PopDue(now) {
-		recheck, err := r.handle(ctx, d, now, asked)
+	for _, o := range handled {
 		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case err != nil:
-			r.log.Debug().Err(err).Str("key", d.Key).Msg("recovery deferred")
-			idx.Retry(d, now.Add(r.retry))
-		case recheck:
+		case o.err != nil:
+			r.log.Debug().Err(o.err).Str("key", o.d.Key).Msg("recovery deferred")
+			idx.Retry(o.d, now.Add(r.retry))
+		case o.recheck:
 			// Asked and answered; if the record does not move (no agent
 			// yet, say), ask again: soon after the first answer (the
 			// scheduler that gave it may have parked the job in its memory
-			// and died), then less and less often. A move of the record
-			// (a dispatch, an end) reschedules or drops the entry first.
-			idx.Recheck(d.Key, now)
+			// and died), then less and less often. A move of the record (a
+			// dispatch, an end) reschedules or drops the entry first.
+			idx.Recheck(o.d, now)
 		}
 	}
-	return nil
 }
 
-// handle acts on one due entry. recheck says it should come due again
+// asker handles the due entries of one job at a time, in order, with at
+// most one advance request per job, until ctx ends.
+func (r *recovery) asker(ctx context.Context, work <-chan *jobRound, done chan<- *jobRound) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case jr := <-work:
+			asked := false
+			for i := range jr.entries {
+				if ctx.Err() != nil {
+					return
+				}
+				o := &jr.entries[i]
+				o.recheck, o.err = r.handle(ctx, o.d, &asked)
+			}
+			select {
+			case done <- jr:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// handle acts on one due entry; asked says whether its job has been asked
+// about in this round already. recheck says it should come due again
 // unless its record changes first.
-func (r *recovery) handle(ctx context.Context, d Due, now time.Time, asked map[string]bool) (recheck bool, err error) {
+func (r *recovery) handle(ctx context.Context, d Due, asked *bool) (recheck bool, err error) {
 	if err := r.term.fence(); err != nil {
 		return false, err
 	}
@@ -130,19 +168,19 @@ func (r *recovery) handle(ctx context.Context, d Due, now time.Time, asked map[s
 		// at again after the backoff, and the job is asked about meanwhile,
 		// in case what the index could not read is a step waiting for a
 		// dispatch. Dropping it, as before, left such a record unwatched.
-		if asked[d.Job] {
+		if *asked {
 			return true, nil
 		}
-		asked[d.Job] = true
+		*asked = true
 		return true, r.adv.Advance(ctx, d.Job)
 	}
 	if d.Kind != kindAdvance {
 		r.log.Info().Str(logging.FieldJob, d.Job).Str("record", d.Key).Msg("asking a scheduler to advance a stalled job")
 	}
-	if asked[d.Job] {
+	if *asked {
 		return d.Kind != kindAdvance, nil
 	}
-	asked[d.Job] = true
+	*asked = true
 	return d.Kind != kindAdvance, r.adv.Advance(ctx, d.Job)
 }
 

@@ -297,3 +297,72 @@ func TestFreshSupervisorFindsUnfinishedWorkAmongFinishedJobs(t *testing.T) {
 		}
 	}
 }
+
+// A recovery round asks about its due jobs side by side: a scheduler that
+// swallows asks (blackholed, still in the queue group) held each for the
+// advance_timeout, and with one ask at a time a round of many stalled jobs
+// waited minutes behind it. The stand-in below answers nothing until it
+// holds every job's ask at once.
+func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
+	t.Parallel()
+	srv, nc, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 16
+	long := time.Now().UTC().Add(-time.Hour)
+	sp := spec.Job{Name: "two", Steps: []spec.Step{{ID: "a", Action: "noop"}, {ID: "b", Action: "noop"}}}
+	for i := range jobs {
+		id := fmt.Sprintf("stalled-%02d", i)
+		j := jobstore.NewJob(id, sp, long)
+		j.State = jobstore.JobRunning
+		steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, long)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.CreateJob(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.CreateStep(ctx, steps[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	held := map[string]*nats.Msg{}
+	most := 0
+	sub, err := nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		held[string(m.Data)] = m
+		most = max(most, len(held))
+		if len(held) < jobs {
+			return
+		}
+		for _, h := range held {
+			_ = h.Respond(protocol.OKReply("advanced"))
+		}
+		clear(held)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour),
+		RecoveryGrace: protocol.Duration(200 * time.Millisecond), AdvanceTimeout: protocol.Duration(time.Minute)})
+	defer func() {
+		if t.Failed() {
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("at most %d asks were outstanding at once", most)
+		}
+	}()
+	natstest.Eventually(t, 30*time.Second, fmt.Sprintf("all %d stalled jobs asked about at once", jobs), func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return most == jobs
+	})
+}
