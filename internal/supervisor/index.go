@@ -245,10 +245,14 @@ func (x *Index) backoff(n uint8) int64 {
 // PopDue removes from the schedule and returns every entry due at or
 // before now. The entries stay in the index: a later write, Recheck or
 // Retry schedules them again.
-func (x *Index) PopDue(now time.Time) []Due {
+func (x *Index) PopDue(now time.Time) []Due { return x.PopDueAtMost(now, -1) }
+
+// PopDueAtMost is PopDue returning at most limit entries (a negative
+// limit: all), the earliest due first; the others stay scheduled.
+func (x *Index) PopDueAtMost(now time.Time, limit int) []Due {
 	var out []Due
 	n := now.UnixNano()
-	for len(x.heap) > 0 && x.heap[0].due <= n {
+	for len(x.heap) > 0 && x.heap[0].due <= n && len(out) != limit {
 		e := heap.Pop(&x.heap).(*entry)
 		out = append(out, Due{Key: e.key, Job: e.job, Step: e.step, Kind: e.kind,
 			Locked: e.locked != 0 && e.locked <= n, moved: e.moved})

@@ -88,15 +88,22 @@ func (r *recovery) run(ctx context.Context) error {
 		case work <- head:
 			a.handedOut()
 		case jr := <-a.done:
-			r.settle(idx, a.finished(jr))
+			handled, retry := a.finished(jr)
+			r.settle(idx, handled)
+			for _, d := range retry {
+				idx.Retry(d, r.term.now().Add(r.retry))
+			}
 		case <-timer.C:
 		}
 		if !built {
 			continue
 		}
-		a.add(idx.PopDue(r.term.now()))
-		if next, ok := idx.Next(); ok {
-			timer.Reset(max(next.Sub(r.term.now()), time.Millisecond))
+		now := r.term.now()
+		a.add(idx.PopDueAtMost(now, a.room()))
+		// With the queue full, what is due waits for a round to come back
+		// (the done case), not for the timer.
+		if next, ok := idx.Next(); ok && (a.room() > 0 || next.After(now)) {
+			timer.Reset(max(next.Sub(now), time.Millisecond))
 		}
 	}
 }
@@ -159,6 +166,9 @@ func (r *recovery) handle(ctx context.Context, d Due, asked *bool) (recheck bool
 	}
 	if d.Locked {
 		released, err := r.expire(ctx, d)
+		if released {
+			*asked = true // expire asked about the job
+		}
 		if err != nil || released {
 			return false, err
 		}

@@ -331,10 +331,13 @@ func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
 	}
 	var mu sync.Mutex
 	held := map[string]*nats.Msg{}
-	most := 0
+	most, twice := 0, ""
 	sub, err := nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
+		if held[string(m.Data)] != nil {
+			twice = string(m.Data)
+		}
 		held[string(m.Data)] = m
 		most = max(most, len(held))
 		if len(held) < jobs {
@@ -365,4 +368,9 @@ func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
 		defer mu.Unlock()
 		return most == jobs
 	})
+	mu.Lock()
+	defer mu.Unlock()
+	if twice != "" {
+		t.Fatalf("job %s was asked about again while its first ask was unanswered", twice)
+	}
 }
