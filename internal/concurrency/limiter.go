@@ -165,19 +165,10 @@ type entry struct {
 // unknown priority, which ranks as normal) as empty, so that a queue of
 // normal steps is written as before priorities were.
 func stored(p spec.Priority) spec.Priority {
-	if rankOf(p) == spec.PriorityNormal.Rank() {
+	if p.RankOrNormal() == spec.PriorityNormal.Rank() {
 		return ""
 	}
 	return p
-}
-
-// rankOf is p's rank; an unknown priority (written by a newer version)
-// ranks as normal.
-func rankOf(p spec.Priority) int {
-	if r := p.Rank(); r >= 0 {
-		return r
-	}
-	return spec.PriorityNormal.Rank()
 }
 
 // served compares waiters a and b in the order they are served: higher
@@ -186,7 +177,7 @@ func rankOf(p spec.Priority) int {
 // compare-and-set writes landed in, which their Since (each scheduler's
 // clock) only approximates.
 func served(a, b entry) int {
-	return rankOf(b.Priority) - rankOf(a.Priority)
+	return b.Priority.RankOrNormal() - a.Priority.RankOrNormal()
 }
 
 // record is a key's state. Its waiters are written in the order they are

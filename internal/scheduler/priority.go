@@ -105,7 +105,9 @@ func (s *Scheduler) rank(p spec.Priority, since, now time.Time) int {
 	return p.EffectiveRank(now.Sub(since), s.cfg.PriorityAging.Std())
 }
 
-func baseRank(p spec.Priority) int { return max(p.Rank(), 0) }
+// baseRank is p's rank before aging (an unknown priority: normal's, as
+// EffectiveRank and the concurrency limiter rank it).
+func baseRank(p spec.Priority) int { return p.RankOrNormal() }
 
 // behind reports whether a step of higher priority than holder's (its
 // priority p, aged by its own wait) waits for an agent of pool that holder

@@ -201,3 +201,18 @@ func TestBehindOnlyForAnAgentTheHigherWorkCouldUse(t *testing.T) {
 		t.Fatal("a step whose agent is unknown is not behind higher work waiting for its pool")
 	}
 }
+
+// An unknown priority (a record of a newer version) competes as normal
+// (spec.Priority.EffectiveRank, the concurrency limiter's queues), and is
+// counted as normal where others are counted at their base rank; it was
+// counted as low there.
+func TestUnknownPriorityRanksAsNormalThroughout(t *testing.T) {
+	t.Parallel()
+	const unknown = spec.Priority("urgent")
+	if got, want := baseRank(unknown), spec.PriorityNormal.Rank(); got != want {
+		t.Errorf("baseRank(%q) = %d, want normal's %d", unknown, got, want)
+	}
+	if got, want := baseRank(unknown), unknown.EffectiveRank(0, time.Minute); got != want {
+		t.Errorf("baseRank(%q) = %d, its effective rank unaged %d", unknown, got, want)
+	}
+}

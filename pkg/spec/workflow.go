@@ -39,6 +39,16 @@ func (p Priority) Rank() int {
 	return -1
 }
 
+// RankOrNormal is p's rank, with an unknown priority (a record written
+// by a newer version) ranked as normal: every ordering by priority reads
+// it so, the scheduler's and the concurrency limiter's alike.
+func (p Priority) RankOrNormal() int {
+	if r := p.Rank(); r >= 0 {
+		return r
+	}
+	return PriorityNormal.Rank()
+}
+
 // OrDefault returns p, or PriorityNormal when p is empty.
 func (p Priority) OrDefault() Priority {
 	if p == "" {
@@ -362,10 +372,7 @@ func (s Step) CompensationStep() (Step, bool) {
 // critical (ties go to the step that waited longest). aging <= 0 turns
 // aging off.
 func (p Priority) EffectiveRank(waited, aging time.Duration) int {
-	r := p.Rank()
-	if r < 0 {
-		r = PriorityNormal.Rank()
-	}
+	r := p.RankOrNormal()
 	if aging > 0 && waited > 0 {
 		r += int(waited / aging)
 	}

@@ -160,3 +160,13 @@ func TestCompensationOfAClusterStepKeepsItsCluster(t *testing.T) {
 		t.Fatalf("the compensation steps as a job: %v", err)
 	}
 }
+
+func TestRankOrNormal(t *testing.T) {
+	t.Parallel()
+	for p, want := range map[spec.Priority]int{spec.PriorityLow: 0, "": 1, spec.PriorityNormal: 1,
+		spec.PriorityHigh: 2, spec.PriorityCritical: 3, "urgent": 1} {
+		if got := p.RankOrNormal(); got != want {
+			t.Errorf("%q: %d, want %d", p, got, want)
+		}
+	}
+}
