@@ -57,6 +57,12 @@ func printJob(a *app, d client.JobDetail, now time.Time) {
 	if !j.FinishedAt.IsZero() {
 		fmt.Fprintf(w, "Finished: %s (took %s)\n", timestamp(j.FinishedAt), j.FinishedAt.Sub(j.CreatedAt).Round(time.Millisecond))
 	}
+	switch {
+	case j.TimedOut:
+		fmt.Fprintf(w, "Timeout:  %s, ran out %s\n", j.Spec.Timeout, timestamp(j.Deadline))
+	case !j.Deadline.IsZero() && !j.State.Terminal():
+		fmt.Fprintf(w, "Timeout:  %s, runs out %s (in %s)\n", j.Spec.Timeout, timestamp(j.Deadline), max(j.Deadline.Sub(now), 0).Round(time.Second))
+	}
 	if j.Spec.IdempotencyKey != "" {
 		fmt.Fprintf(w, "Key:      %s\n", j.Spec.IdempotencyKey)
 	}

@@ -247,7 +247,7 @@ func writeSteps(ctx context.Context, store *jobstore.Store, snap *jobstore.Snaps
 func reopenJobRecord(ctx context.Context, store *jobstore.Store, snap *jobstore.Snapshot, now time.Time) error {
 	job := snap.Job
 	if job.State.Terminal() {
-		job.State, job.Desired, job.Error, job.FinishedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}
+		job.Reopen(now) // a timeout, if any, starts again
 	}
 	job.UpdatedAt = now
 	_, err := store.UpdateJob(ctx, job, snap.JobRev)

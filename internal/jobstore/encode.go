@@ -56,6 +56,13 @@ func appendJob(b []byte, j *Job) []byte {
 	if j.CompensateOnCancel {
 		b = append(b, `,"compensate_on_cancel":true`...)
 	}
+	if !j.Deadline.IsZero() {
+		b = append(b, `,"deadline":`...)
+		b = appendTime(b, j.Deadline)
+	}
+	if j.TimedOut {
+		b = append(b, `,"timed_out":true`...)
+	}
 	if len(j.Steps) > 0 {
 		b = append(b, `,"steps":[`...)
 		for i, st := range j.Steps {

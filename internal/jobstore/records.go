@@ -2,6 +2,7 @@ package jobstore
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/wardenhq/warden/internal/retry"
@@ -84,8 +85,13 @@ type Job struct {
 	ForwardSteps int `json:"forward_steps,omitempty"`
 	// CompensateOnCancel: a cancel asked for the succeeded steps to be
 	// undone once every step has stopped (client.CancelCompensate).
-	CompensateOnCancel bool    `json:"compensate_on_cancel,omitempty"`
-	Steps              []*Step `json:"steps,omitempty"`
+	CompensateOnCancel bool `json:"compensate_on_cancel,omitempty"`
+	// Deadline is when the job's timeout (spec.Job.Timeout) runs out,
+	// counted from its acceptance (a reopen starts it again); zero: none.
+	// TimedOut: it ran out, and the job is cancelled to end failed.
+	Deadline time.Time `json:"deadline,omitzero"`
+	TimedOut bool      `json:"timed_out,omitempty"`
+	Steps    []*Step   `json:"steps,omitempty"`
 }
 
 // Attempt is one execution of a step: the retry chain.
@@ -168,7 +174,30 @@ func (s *Step) Inconsistent() bool { return s.State != s.Desired }
 
 // NewJob builds the record of a freshly accepted job.
 func NewJob(id string, sp spec.Job, now time.Time) *Job {
-	return &Job{ID: id, Name: sp.Name, Spec: sp, Desired: JobSucceeded, State: JobPending, CreatedAt: now, UpdatedAt: now}
+	j := &Job{ID: id, Name: sp.Name, Spec: sp, Desired: JobSucceeded, State: JobPending, CreatedAt: now, UpdatedAt: now}
+	j.setDeadline(now)
+	return j
+}
+
+// Reopen makes a finished job running again (an operator's retry): its
+// end, error and desired state are cleared, and its timeout, if any,
+// starts again from now.
+func (j *Job) Reopen(now time.Time) {
+	j.State, j.Desired, j.Error, j.FinishedAt, j.UpdatedAt = JobRunning, JobSucceeded, "", time.Time{}, now
+	j.TimedOut = false
+	j.setDeadline(now)
+}
+
+func (j *Job) setDeadline(start time.Time) {
+	j.Deadline = time.Time{}
+	if j.Spec.Timeout > 0 {
+		j.Deadline = start.Add(j.Spec.Timeout.Std())
+	}
+}
+
+// TimeoutError words the error of a job that ran out of its timeout.
+func (j *Job) TimeoutError() string {
+	return fmt.Sprintf("timed out: not finished within its timeout of %s", j.Spec.Timeout)
 }
 
 // StepDefaults fill what a spec step leaves out.

@@ -101,6 +101,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
 		return
 	}
+	w.timeOut(jt, now)           // timeout.go: a job past its timeout is cancelled, to end failed
 	w.startCompensation(jt, now) // compensate.go: a job that failed for good undoes its steps
 	w.dispatch(jt, now)
 	// The dispatch may have ended the job's last open step itself (a

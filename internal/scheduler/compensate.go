@@ -28,11 +28,11 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	js := jt.js
 	j := js.job
 	if js.open > 0 || j.State.Terminal() || j.State == jobstore.JobCompensating || j.ForwardSteps > 0 ||
-		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel) {
+		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel && !j.TimedOut) {
 		return false
 	}
-	// A permanent failure, or a cancel that asked for compensation and
-	// stopped something (one that came after every step had succeeded
+	// A permanent failure, a timeout or a cancel that asked for
+	// compensation, that stopped something (one that came after every step had succeeded
 	// leaves the job succeeded: settle).
 	failed := j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing()
 	in := make([]compensate.Step, len(js.steps))
@@ -109,6 +109,8 @@ func (js *jobState) failure() string {
 		return failed
 	case expired != "":
 		return expired
+	case js.job.TimedOut:
+		return js.job.TimeoutError()
 	case js.job.Desired == jobstore.JobCancelled:
 		return "cancelled with compensation"
 	}

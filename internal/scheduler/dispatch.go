@@ -243,6 +243,10 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 func (w *worker) cancel(jt *jobTurn, now time.Time) {
 	js := jt.js
 	signal := false
+	why := protocol.ErrorCancelled + " by an operator"
+	if js.job.TimedOut {
+		why = protocol.ErrorCancelled + ": " + js.job.TimeoutError()
+	}
 	for _, in := range jt.inputs {
 		signal = signal || in.kind == inAdvance
 	}
@@ -252,7 +256,7 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 			w.s.stopWaiting(holderID(st.JobID, st.ID))
 			w.freeIfQueued(jt, i)
 			st.Desired, st.State = jobstore.StepCancelled, jobstore.StepCancelled
-			st.LastError, st.UpdatedAt, st.FinishedAt = protocol.ErrorCancelled+" by an operator", now, now
+			st.LastError, st.UpdatedAt, st.FinishedAt = why, now, now
 			js.markStep(i)
 			js.stepEnded(i, now)
 		case jobstore.StepDispatched:

@@ -126,7 +126,7 @@ func (js *jobState) finishReopen(now time.Time) {
 		if !slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State == jobstore.StepPending }) {
 			return
 		}
-		j.State, j.Desired, j.Error, j.FinishedAt, j.UpdatedAt = jobstore.JobRunning, jobstore.JobSucceeded, "", time.Time{}, now
+		j.Reopen(now)
 		js.dirtyJob = true
 	}
 	for revived := true; revived; {
@@ -257,6 +257,13 @@ func (js *jobState) settle(now time.Time) bool {
 	failed, expired := firstFailures(js.steps)
 	cancelled := slices.ContainsFunc(js.steps, func(st *jobstore.Step) bool { return st.State == jobstore.StepCancelled })
 	switch {
+	case j.TimedOut && (!js.cancelStoppedNothing() || cancelled):
+		// A step that had failed for good is named too: the job was
+		// failing already when its timeout cut the rest short.
+		j.State, j.Error = jobstore.JobFailed, j.TimeoutError()
+		if failed != "" {
+			j.Error += "; before it, " + failed
+		}
 	case j.Desired == jobstore.JobCancelled && !js.cancelStoppedNothing() || cancelled:
 		// A cancel that stopped nothing (every step had succeeded, or
 		// succeeded anyway: it raced the last result) leaves the job

@@ -24,6 +24,9 @@ type Record struct {
 	Written time.Time
 	// Deleted: the key was deleted or purged.
 	Deleted bool
+	// Deadline is when the job's timeout runs out (job records of jobs
+	// with a timeout, until a scheduler acts on it); zero: none.
+	Deadline time.Time
 }
 
 // Kinds of index entries.
@@ -50,9 +53,11 @@ type entry struct {
 	active  int32 // job records: unfinished step records of the job
 	locked  int64 // earliest lease end in the record; 0: none
 	wrote   int64 // last write of the record (jobs: of the job or a step)
-	due     int64
-	index   int32  // in the heap; -1 when not scheduled
-	moved   uint32 // Index.moves when the record last moved (see Due.moved)
+	// deadline: the job's timeout runs out then (job records); 0: none.
+	deadline int64
+	due      int64
+	index    int32  // in the heap; -1 when not scheduled
+	moved    uint32 // Index.moves when the record last moved (see Due.moved)
 }
 
 // Due is an index entry that needs the leader's attention now.
@@ -136,6 +141,9 @@ func (x *Index) Observe(r Record) {
 	// for a whole grace again, and if it died meanwhile (the chaos suite's
 	// partitions and kills) the job waited that long for nothing.
 	e.locked, e.seen = locked, true
+	if kind == kindJob {
+		e.deadline = unixNano(r.Deadline)
+	}
 	e.wrote = max(e.wrote, unixNano(r.Written))
 	e.pending = pending
 	if kind == kindStep {
@@ -197,18 +205,30 @@ func (x *Index) touchJob(job string, wrote int64) {
 
 // schedule computes when e is due from what it holds.
 func (x *Index) schedule(e *entry) {
+	due := int64(-1) // not scheduled
 	switch {
 	case e.locked != 0:
-		x.set(e, e.locked)
+		due = e.locked
 	case e.kind == kindJob && e.active > 0:
-		x.unschedule(e) // its step records are watched themselves
+		// its step records are watched themselves
 	case e.kind == kindJob && !e.seen:
-		x.unschedule(e) // only known from its steps so far
+		// only known from its steps so far
 	case e.kind == kindJob || e.pending:
-		x.set(e, e.wrote+x.backoff(e.tries))
-	default:
-		x.unschedule(e)
+		due = e.wrote + x.backoff(e.tries)
 	}
+	// A job with a timeout is asked for at its deadline, which its
+	// scheduler acts on (a wake it armed may have gone with it). Only
+	// while nothing has been written since: a scheduler that wrote after
+	// the deadline has seen it, and asking again at every later write
+	// would not help one that ignores it (recheck asks again anyway).
+	if e.deadline > e.wrote && (due < 0 || e.deadline < due) {
+		due = e.deadline
+	}
+	if due < 0 {
+		x.unschedule(e)
+		return
+	}
+	x.set(e, due)
 }
 
 // recheckDivisor: the first recheck after an answered advance request

@@ -270,3 +270,31 @@ func TestIndexOutcomeAfterAWriteOfItsRecord(t *testing.T) {
 		}
 	}
 }
+
+// A job with a timeout is asked for at its deadline, even while its step
+// records are watched instead of it (a scheduler's wake for it may have
+// gone with the scheduler); a write after the deadline (its scheduler saw
+// it) leaves the job to its records again.
+func TestIndexAsksForAJobAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	deadline := t0.Add(5 * time.Second)
+	x := NewIndex(30 * time.Second)
+	job := rec("job.j", "running", t0, time.Time{})
+	job.Deadline = deadline
+	x.Observe(job)
+	x.Observe(rec("step.j.s", "dispatched", t0, t0.Add(time.Minute)))
+	if next, _ := x.Next(); !next.Equal(deadline) {
+		t.Fatalf("next due %v after t0, want the deadline (+5s)", next.Sub(t0))
+	}
+	due := x.PopDue(deadline)
+	if len(due) != 1 || due[0].Key != "job.j" || due[0].Locked {
+		t.Fatalf("due at the deadline: %+v", due)
+	}
+	// Its scheduler cancels a step after the deadline (the job record's
+	// own write drops the header).
+	x.Observe(rec("step.j.s", "dispatched", deadline.Add(time.Millisecond), t0.Add(time.Minute)))
+	if next, _ := x.Next(); !next.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("after a write past the deadline, next due %v after t0, want the step's lease (+1m)", next.Sub(t0))
+	}
+}

@@ -110,6 +110,13 @@ func (f *follower) record(ctx context.Context, key string, h nats.Header, writte
 		}
 		r.LockedUntil = t
 	}
+	if v := h.Get(protocol.HeaderRecordDeadline); v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			r.Deadline = t
+		} else {
+			f.log.Warn().Err(err).Str("key", key).Msg("unreadable deadline header; the job's timeout is left to its scheduler")
+		}
+	}
 	return r, true
 }
 

@@ -57,4 +57,7 @@ const (
 	HeaderRecordCreated = "Warden-Created"
 	// HeaderRecordDesired is the job's desired state on job.<id>.
 	HeaderRecordDesired = "Warden-Desired"
+	// HeaderRecordDeadline is when an unfinished job's timeout runs out
+	// (RFC 3339 nano), on job.<id>; absent once it is being cancelled.
+	HeaderRecordDeadline = "Warden-Deadline"
 )

@@ -41,6 +41,12 @@ type Job struct {
 	ExpiresAt   *time.Time        `json:"expires_at,omitempty" yaml:"expires_at,omitempty"`
 	TTL         protocol.Duration `json:"ttl,omitempty" yaml:"ttl,omitempty"`
 	Concurrency *Concurrency      `json:"concurrency,omitempty" yaml:"concurrency,omitempty"`
+	// Timeout bounds the whole job, from its start (its acceptance, or
+	// when a delayed job comes due) to its end: past it, its pending steps
+	// are cancelled, its running ones interrupted, and the job fails
+	// "timed out" (its compensations, if any, run as after any failure).
+	// Zero: no bound. Each step's own timeout still bounds each execution.
+	Timeout protocol.Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
 }
 
 // Step is one unit of work run by one agent.

@@ -210,6 +210,9 @@ func (j *Job) validateWorkflow() error {
 	if err := validDuration("ttl", j.TTL); err != nil {
 		return err
 	}
+	if err := validDuration("timeout", j.Timeout); err != nil {
+		return err
+	}
 	if j.RunAt != nil && j.ExpiresAt != nil && !j.ExpiresAt.After(*j.RunAt) {
 		return invalid(ReasonInvalidValue, "expires_at", "the job would expire (%s) before it may start (run_at %s)",
 			j.ExpiresAt.Format(time.RFC3339), j.RunAt.Format(time.RFC3339))

@@ -1,6 +1,7 @@
 package spec_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +169,22 @@ func TestRankOrNormal(t *testing.T) {
 		if got := p.RankOrNormal(); got != want {
 			t.Errorf("%q: %d, want %d", p, got, want)
 		}
+	}
+}
+
+// A job's timeout is a duration like the others: bounded, never negative.
+func TestJobTimeoutIsValidated(t *testing.T) {
+	t.Parallel()
+	j, err := spec.Parse([]byte(`{"name":"t","timeout":"90m","steps":[{"id":"a","action":"echo"}]}`), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Timeout.Std() != 90*time.Minute {
+		t.Fatalf("timeout %s", j.Timeout)
+	}
+	_, err = spec.Parse([]byte(`{"name":"t","timeout":"9000h","steps":[{"id":"a","action":"echo"}]}`), spec.Limits{})
+	var ve *spec.ValidationError
+	if !errors.As(err, &ve) || ve.Field != "timeout" {
+		t.Fatalf("a timeout over 366 days: %v", err)
 	}
 }

@@ -1,0 +1,157 @@
+package scheduler_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/ops"
+	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/pkg/agent"
+	"github.com/wardenhq/warden/pkg/agent/agenttest"
+)
+
+// timeoutAgent starts agent a1 whose "slow" steps run until they are
+// stopped, and returns what it ran and which runs were stopped.
+func timeoutAgent(t *testing.T, b *bundle) (ran, stopped func() string) {
+	t.Helper()
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var mu sync.Mutex
+	var order, stops []string
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		mu.Lock()
+		order = append(order, task.StepID)
+		mu.Unlock()
+		if task.StepID != "slow" {
+			return "ok", nil
+		}
+		select {
+		case <-ctx.Done():
+			mu.Lock()
+			stops = append(stops, task.StepID)
+			mu.Unlock()
+			return nil, ctx.Err()
+		case <-time.After(time.Minute):
+			return "ok", nil
+		}
+	})
+	join := func(s *[]string) func() string {
+		return func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			return strings.Join(*s, " ")
+		}
+	}
+	return join(&order), join(&stops)
+}
+
+// A job's timeout bounds the whole job (Temporal's execution timeout):
+// past it, the running step is stopped on its agent, the pending one is
+// cancelled unrun, and the job fails "timed out", whatever the steps'
+// own timeouts (a minute here).
+func TestJobTimeoutStopsItsStepsAndFailsIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	ran, stopped := timeoutAgent(t, b)
+	start := time.Now()
+	publishJobs(t, b, 1, "bounded", `{"name":"bounded","timeout":"1s","steps":[
+ {"id":"slow","action":"echo","timeout":"1m"},
+ {"id":"after","action":"echo","depends_on":["slow"]}]}`)
+	job := b.waitJobWithin(t, "bounded-0000", jobstore.JobFailed, 20*time.Second)
+	if !strings.HasPrefix(job.Error, "timed out: not finished within its timeout of 1s") || !job.TimedOut {
+		t.Fatalf("job error %q (timed_out %v); want the timeout", job.Error, job.TimedOut)
+	}
+	for id, want := range map[string]jobstore.StepState{"slow": jobstore.StepCancelled, "after": jobstore.StepCancelled} {
+		st, _, err := b.store.Step(context.Background(), job.ID, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State != want {
+			t.Errorf("step %s %s (%s), want %s", id, st.State, st.LastError, want)
+		}
+	}
+	if got := ran(); got != "slow" {
+		t.Errorf("ran %q, want slow alone", got)
+	}
+	if got := stopped(); got != "slow" {
+		t.Errorf("stopped %q, want slow", got)
+	}
+	t.Logf("job %s %s after submission: %s", job.State, time.Since(start).Round(time.Millisecond), job.Error)
+}
+
+// A job that times out after a step with a compensation succeeded undoes
+// it, as after any failure: the timeout is why it did not complete.
+func TestJobTimeoutCompensates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	ran, _ := timeoutAgent(t, b)
+	publishJobs(t, b, 1, "trip", `{"name":"trip","timeout":"1s","steps":[
+ {"id":"seat","action":"echo","compensate":{"action":"echo"}},
+ {"id":"slow","action":"echo","depends_on":["seat"]}]}`)
+	job := b.waitJobWithin(t, "trip-0000", jobstore.JobCompensated, 20*time.Second)
+	if !strings.HasPrefix(job.Error, "timed out") {
+		t.Fatalf("job error %q; want the timeout", job.Error)
+	}
+	if got := ran(); got != "seat slow seat_compensate" {
+		t.Fatalf("executions %q", got)
+	}
+}
+
+// A job that ends within its timeout is not touched by it.
+func TestJobWithinItsTimeoutSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	timeoutAgent(t, b)
+	publishJobs(t, b, 1, "quick", `{"name":"quick","timeout":"1s","steps":[{"id":"a","action":"echo"},{"id":"b","action":"echo","depends_on":["a"]}]}`)
+	job := b.waitJobWithin(t, "quick-0000", jobstore.JobSucceeded, 20*time.Second)
+	if job.Deadline.IsZero() || job.TimedOut {
+		t.Fatalf("deadline %v, timed_out %v", job.Deadline, job.TimedOut)
+	}
+	// Past its deadline nothing changes it.
+	time.Sleep(time.Until(job.Deadline.Add(200 * time.Millisecond)))
+	again := b.waitJobWithin(t, "quick-0000", jobstore.JobSucceeded, time.Second)
+	if again.TimedOut || again.Error != "" {
+		t.Fatalf("after its deadline: timed_out %v, error %q", again.TimedOut, again.Error)
+	}
+}
+
+// `warden job retry` of a job that timed out runs it again with its
+// timeout started afresh: the reopened job is neither cancelled at once
+// (its old deadline passed) nor marked timed out.
+func TestRetryOfATimedOutJobStartsItsTimeoutAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
+	var mu sync.Mutex
+	runs := 0
+	a.Script(func(ctx context.Context, task *agent.Task) (any, error) {
+		mu.Lock()
+		runs++
+		first := runs == 1
+		mu.Unlock()
+		if first {
+			<-ctx.Done() // the first run outlives the job's timeout
+			return nil, ctx.Err()
+		}
+		return "ok", nil
+	})
+	publishJobs(t, b, 1, "again", `{"name":"again","timeout":"2s","steps":[{"id":"slow","action":"echo"}]}`)
+	failed := b.waitJobWithin(t, "again-0000", jobstore.JobFailed, 20*time.Second)
+	if !failed.TimedOut {
+		t.Fatalf("job failed without timing out: %s", failed.Error)
+	}
+	if _, err := ops.New(b.nc, b.store).RetryJob(context.Background(), failed.ID); err != nil {
+		t.Fatal(err)
+	}
+	job := b.waitJobWithin(t, "again-0000", jobstore.JobSucceeded, 20*time.Second)
+	if job.TimedOut || !job.Deadline.After(failed.Deadline) {
+		t.Fatalf("retried job: timed_out %v, deadline %v (was %v)", job.TimedOut, job.Deadline, failed.Deadline)
+	}
+}
