@@ -263,7 +263,11 @@ func reopenJobRecord(ctx context.Context, store *jobstore.Store, snap *jobstore.
 // job retry, it has not ended (again is true once this call reopened
 // steps: a scheduler may have reopened the job meanwhile).
 func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
-	cancelled := job.Desired == jobstore.JobCancelled || job.State == jobstore.JobCancelled
+	// A job that timed out is cancelled to stop its steps, but ends
+	// failed: once it has, its dead letters may be retried as any failed
+	// job's.
+	cancelled := job.Desired == jobstore.JobCancelled && !(job.TimedOut && job.State.Terminal()) ||
+		job.State == jobstore.JobCancelled
 	switch {
 	case job.State.Compensation():
 		return fmt.Errorf("%w: job %s is %s: its completed steps were undone, so its steps cannot be reopened; submit the job again",

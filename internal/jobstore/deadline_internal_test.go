@@ -23,23 +23,25 @@ func TestJobDeadline(t *testing.T) {
 		t.Fatal("a job without a timeout has a deadline")
 	}
 	s := &Store{}
-	header := func() string { return s.JobWrite(j, 0).Msg.Header.Get(protocol.HeaderRecordDeadline) }
-	if got := header(); got != "2026-11-28T07:00:00Z" {
+	header := func(j *Job) string { return s.JobWrite(j, 0).Msg.Header.Get(protocol.HeaderRecordDeadline) }
+	if got := header(j); got != "2026-11-28T07:00:00Z" {
 		t.Fatalf("deadline header %q", got)
 	}
 	for _, c := range []struct {
 		name string
-		edit func()
+		edit func(*Job)
 	}{
-		{"being cancelled", func() { j.Desired, j.TimedOut = JobCancelled, true }},
-		{"compensating", func() { j.State = JobCompensating }},
-		{"ended", func() { j.State = JobFailed }},
+		{"being cancelled", func(j *Job) { j.Desired, j.TimedOut = JobCancelled, true }},
+		{"compensating", func(j *Job) { j.State = JobCompensating }},
+		{"ended", func(j *Job) { j.State = JobFailed }},
 	} {
-		c.edit()
-		if got := header(); got != "" {
+		j := NewJob("j", spec.Job{Name: "n", Timeout: protocol.Duration(time.Hour)}, t0)
+		c.edit(j)
+		if got := header(j); got != "" {
 			t.Errorf("%s: deadline header %q", c.name, got)
 		}
 	}
+	j.Desired, j.TimedOut, j.State = JobCancelled, true, JobFailed
 	later := t0.Add(2 * time.Hour)
 	j.Error = "timed out"
 	j.Reopen(later)

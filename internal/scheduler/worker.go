@@ -59,6 +59,9 @@ type worker struct {
 	gated map[string]map[string]time.Time
 	// wakes holds, per job, when its pending gate wake fires (wakeAt).
 	wakes map[string]time.Time
+	// deadlines holds the timers of the jobs' timeouts (timeout.go),
+	// stopped when their job finishes.
+	deadlines map[string]deadlineWake
 	// gateSpent is the time this turn spent asking concurrency keys and
 	// rate limits; past gateBudget the turn's remaining steps ask on a
 	// later turn (workflow.go).
@@ -170,7 +173,8 @@ func (w *worker) expandWakes(batch []input) []input {
 
 func newWorker(s *Scheduler) *worker {
 	return &worker{s: s, q: newQueue(), cache: map[string]*jobState{}, waiting: map[string]waiter{}, orders: newWaitOrders(), log: s.log,
-		ctx: context.Background(), gated: map[string]map[string]time.Time{}, wakes: map[string]time.Time{}}
+		ctx: context.Background(), gated: map[string]map[string]time.Time{}, wakes: map[string]time.Time{},
+		deadlines: map[string]deadlineWake{}}
 }
 
 // run handles turns until ctx ends, then hands back what it holds.
@@ -647,6 +651,7 @@ func (w *worker) finish(jt *jobTurn) {
 		w.dropWaiter(jt.id)
 		delete(w.wakes, jt.id)
 		delete(w.gated, jt.id)
+		w.forgetDeadline(jt.id)
 	}
 	var msgs []jetstream.Msg
 	for k, in := range jt.inputs {

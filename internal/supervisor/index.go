@@ -291,7 +291,11 @@ func (x *Index) PopDueAtMost(now time.Time, limit int) []Due {
 func (x *Index) Recheck(d Due, now time.Time) {
 	if e := x.entries[d.Key]; e != nil && e.moved == d.moved {
 		e.tries = min(e.tries+1, 30)
-		x.set(e, now.UnixNano()+x.backoff(e.tries))
+		due := now.UnixNano() + x.backoff(e.tries)
+		if e.locked != 0 {
+			due = min(due, e.locked) // asked before its lease ends (a job's deadline)
+		}
+		x.set(e, due)
 	}
 }
 

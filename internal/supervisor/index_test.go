@@ -298,3 +298,25 @@ func TestIndexAsksForAJobAtItsDeadline(t *testing.T) {
 		t.Fatalf("after a write past the deadline, next due %v after t0, want the step's lease (+1m)", next.Sub(t0))
 	}
 }
+
+// Asked at its deadline and answered, an inline job whose lease ends
+// sooner than the recheck is looked at when the lease ends (a scheduler
+// that ignores the timeout must not delay the lease's recovery).
+func TestIndexRecheckKeepsTheLease(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	deadline := t0.Add(5 * time.Second)
+	lease := deadline.Add(time.Second)
+	x := NewIndex(30 * time.Second)
+	job := rec("job.j", "running", t0, lease)
+	job.Deadline = deadline
+	x.Observe(job)
+	due := x.PopDue(deadline)
+	if len(due) != 1 || due[0].Locked {
+		t.Fatalf("due at the deadline: %+v", due)
+	}
+	x.Recheck(due[0], deadline)
+	if next, _ := x.Next(); !next.Equal(lease) {
+		t.Fatalf("next due %v after the deadline, want the lease's end (+1s)", next.Sub(deadline))
+	}
+}

@@ -154,7 +154,10 @@ func (r *releaser) apply(ctx context.Context, st *jobstore.Step, rev uint64, c c
 
 // cancelWanted reports whether the step or its job is to be cancelled:
 // then cancel wins over every other way of taking the step back (requeue,
-// poison or max-deliveries park, transfer give-up).
+// poison or max-deliveries park, transfer give-up). A compensating job's
+// desired cancel (a cancel with compensation, a timeout, a plain cancel
+// that came during the undo) stops nothing of the undo, as in the
+// scheduler: its compensation steps are taken back like any other.
 func cancelWanted(ctx context.Context, store *jobstore.Store, st *jobstore.Step) (bool, error) {
 	if st.Desired == jobstore.StepCancelled {
 		return true, nil
@@ -166,7 +169,7 @@ func cancelWanted(ctx context.Context, store *jobstore.Store, st *jobstore.Step)
 	if err != nil {
 		return false, err
 	}
-	return job.Desired == jobstore.JobCancelled, nil
+	return job.Desired == jobstore.JobCancelled && job.State != jobstore.JobCompensating, nil
 }
 
 // requeue puts the step back to pending for a scheduler to re-dispatch.

@@ -13,6 +13,7 @@ import (
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -65,4 +66,51 @@ func TestLeaderAsksForAJobAtItsDeadline(t *testing.T) {
 		j, _, err := store.Job(ctx, "job-deadline")
 		return err == nil && j.State == jobstore.JobFailed && strings.HasPrefix(j.Error, "timed out")
 	})
+}
+
+// A compensating job's desired cancel (its timeout, a cancel with
+// compensation) stops nothing of its undo: a compensation step whose
+// lease ran out is taken back to run again, as the scheduler would, not
+// cancelled, which skipped the rest of the undo and ended the job
+// compensation_failed.
+func TestUndoOfATimedOutJobIsTakenBackNotCancelled(t *testing.T) {
+	t.Parallel()
+	srv, nc, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().UTC().Add(-time.Hour)
+	sp := spec.Job{Name: "trip", Timeout: protocol.Duration(time.Minute), Steps: []spec.Step{
+		{ID: "seat", Action: "echo"}, {ID: "seat_compensate", Action: "echo"}}}
+	j := jobstore.NewJob("job-undo", sp, long)
+	j.State, j.Desired, j.TimedOut, j.ForwardSteps = jobstore.JobCompensating, jobstore.JobCancelled, true, 1
+	steps, err := jobstore.NewSteps(j.ID, sp, jobstore.StepDefaults{Timeout: time.Minute}, long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State = jobstore.StepSucceeded
+	if err := steps[1].Dispatch("gone", protocol.NewLeaseToken(), long, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour),
+		RecoveryGrace: protocol.Duration(200 * time.Millisecond)})
+	var st *jobstore.Step
+	natstest.Eventually(t, 20*time.Second, "the undo step's expired lease is recovered", func() bool {
+		st = b.step(t, "job-undo", "seat_compensate")
+		return st != nil && st.State != jobstore.StepDispatched
+	})
+	if st.State != jobstore.StepPending || st.Attempts[len(st.Attempts)-1].Status != "lease_expired" {
+		t.Fatalf("undo step %s (%s), want pending again after its lease expired", st.State, st.LastError)
+	}
 }

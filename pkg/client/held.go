@@ -140,6 +140,7 @@ func (h *held) spec(limits spec.Limits) (*spec.Job, error) {
 // submission, without steps (none is materialised).
 func (h *held) detail(sp *spec.Job) JobDetail {
 	j := jobstore.NewJob(h.job, *sp, h.msg.Time.UTC())
+	j.Deadline = time.Time{} // its timeout starts when it does
 	return JobDetail{Job: j, Steps: []*Step{}, Held: h.where, StartsAt: h.startsAt}
 }
 
@@ -176,6 +177,7 @@ func (c *Client) cancelHeld(ctx context.Context, store *jobstore.Store, jobID st
 	now := time.Now().UTC()
 	created := h.msg.Time.UTC()
 	j := jobstore.NewJob(jobID, *sp, created)
+	j.Deadline = time.Time{} // it never starts
 	steps, err := jobstore.NewSteps(jobID, *sp, jobstore.StepDefaults{}, created)
 	if err != nil {
 		return nil, err
