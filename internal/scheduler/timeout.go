@@ -51,14 +51,20 @@ func (w *worker) timeOut(jt *jobTurn, now time.Time) {
 
 // wakeAtDeadline arms, once per deadline, a wake of job at its deadline.
 // A gate's wake (wakeAt) is kept apart: it is dropped when due, and one
-// job's gate wakes would replace its deadline's.
+// job's gate wakes would replace its deadline's. The wake reads the job
+// again (reload): the scheduler that armed it may no longer own the job
+// (a bare submission is accepted by any scheduler, its results go to its
+// partition's owner), and a timeout turn on a stale copy cancelled a step
+// that copy still saw pending, skipping its dependents in records whose
+// compare-and-set still held (seen in the chaos suite: a step skipped,
+// then cancelled by the owner's turn).
 func (w *worker) wakeAtDeadline(job string, at time.Time) {
 	if d, ok := w.deadlines[job]; ok && d.at.Equal(at) {
 		return
 	}
 	w.forgetDeadline(job)
 	w.deadlines[job] = deadlineWake{at: at, timer: time.AfterFunc(max(at.Sub(w.s.now()), 0), func() {
-		w.q.push(input{kind: inWake, job: job, at: w.s.now()})
+		w.q.push(input{kind: inWake, job: job, at: w.s.now(), reload: true})
 	})}
 }
 

@@ -290,8 +290,14 @@ func TestChaos(t *testing.T) {
 			}
 		} else if want := cmp.Or(jobstore.JobState(j.want), jobstore.JobSucceeded); rec.State != want {
 			t.Errorf("job %s (%s) is %s, want %s: %s", id, j.shape, rec.State, want, describeJob(ctx, store, id))
+		} else if !strings.HasPrefix(rec.Error, j.wantError) {
+			t.Errorf("job %s (%s) is %s with error %q, want one starting %q: %s", id, j.shape, rec.State, rec.Error, j.wantError,
+				describeJob(ctx, store, id))
 		}
 		finalJobs[id] = rec
+		if j.shape == "timed" && executions[id+".t2"] > 0 {
+			t.Errorf("timed job %s ran its last step after its timeout: %s", id, describeJob(ctx, store, id))
+		}
 		for _, s := range steps {
 			key := id + "." + s.ID
 			finalSteps[key] = s.Step

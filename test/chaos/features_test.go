@@ -24,7 +24,12 @@ const featureKey = "chaos-key"
 //     schedule on warden.delay.<job>, which must survive the NATS restart);
 //   - saga: two steps that declare compensations, then a step that fails
 //     for good: the job must end compensated, its compensations run in
-//     reverse order.
+//     reverse order;
+//   - timed: a job with a 3 s timeout whose second step runs 8 s: it must
+//     end failed "timed out" whatever process died meanwhile (its
+//     scheduler's wake or the supervisor's ask at the deadline, or at the
+//     latest the slow step's result, times it out), its last step never
+//     run.
 func featureJob(r *rand.Rand, j job) job {
 	chain := func(n int, prefix string) []stepSpec {
 		var steps []stepSpec
@@ -38,7 +43,7 @@ func featureJob(r *rand.Rand, j job) job {
 		return steps
 	}
 	body := map[string]any{}
-	switch r.IntN(4) {
+	switch r.IntN(5) {
 	case 0:
 		j.shape = "prioritised"
 		steps := chain(3, "p")
@@ -53,6 +58,12 @@ func featureJob(r *rand.Rand, j job) job {
 		j.shape = "delayed"
 		body["delay"] = fmt.Sprintf("%dms", 1000+r.IntN(2000))
 		body["steps"] = chain(2, "d")
+	case 3:
+		j.shape, j.want, j.wantError = "timed", "failed", "timed out"
+		body["timeout"] = "3s"
+		slow := ledgerStep(r, "slow", "t0")
+		slow.Params["duration"] = "8s"
+		body["steps"] = []stepSpec{ledgerStep(r, "t0"), slow, ledgerStep(r, "t2", "slow")}
 	default:
 		j.shape, j.want = "saga", "compensated"
 		never := 0

@@ -13,7 +13,8 @@ type job struct {
 	spec   []byte
 	poison string // the poison step's id, if any
 	// want is the terminal state the job must reach; "" means succeeded.
-	want string
+	// wantError, if set, is how its error must begin.
+	want, wantError string
 	// undo, for a saga, lists the compensation steps in the order they
 	// must start (reverse dependency order).
 	undo []string
