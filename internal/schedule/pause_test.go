@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/pkg/protocol"
@@ -71,6 +72,20 @@ func TestPauseSkipsTicksResumeRunsNextTick(t *testing.T) {
 	})
 	if during := ticksIn(got.ticks("p"), paused, time.Now()); len(during) > 0 {
 		t.Fatalf("ticks %v submitted while paused (paused at %s)", during, paused.Format(time.RFC3339Nano))
+	}
+	// Each skipped tick is told on the event stream, with the pause's reason.
+	evs, err := events.List(ctx, js, protocol.EventScheduleSkipped, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipped := 0
+	for _, ev := range evs {
+		if ev.Reason == "paused" && ev.Data["schedule"] == "p" && ev.Data["pause_reason"] == "deploy freeze" {
+			skipped++
+		}
+	}
+	if skipped < 3 {
+		t.Fatalf("%d schedule_skipped events with reason paused for the 3 or more ticks skipped: %+v", skipped, evs)
 	}
 	if again, changed, err := st.Pause(ctx, "p", "other"); err != nil || changed || again.PauseReason != "deploy freeze" || !again.PausedAt.Equal(e.PausedAt) {
 		t.Fatalf("second pause: %+v changed %v, %v; want the first pause left as it was", again, changed, err)

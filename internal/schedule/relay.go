@@ -252,15 +252,17 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		// tick is armed all the same, so that a paused schedule keeps a
 		// timer, and its Resume finds one to replace.
 		r.log.Debug().Str("schedule", name).Time("tick", tick).Msg("tick of a paused schedule skipped")
+		// An operator reading the events sees what the pause cost.
+		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "paused", map[string]string{"pause_reason": e.PauseReason})
 	case overdue && e.Catchup == CatchupSkip:
 		r.log.Info().Str("schedule", name).Time("tick", tick).Dur("late", late).Msg("overdue tick skipped (catchup: skip)")
-		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late)
+		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "overdue (catchup: skip)", nil)
 	default:
 		if err := r.submit(ctx, e, job, tick); err != nil {
 			return err
 		}
 		r.log.Debug().Str("schedule", name).Str(logging.FieldJob, job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
-		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late)
+		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late, "", nil)
 	}
 	err = arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
 	if errors.Is(err, errChanged) {
@@ -277,10 +279,16 @@ func (r *Relay) submit(ctx context.Context, e Entry, job string, tick time.Time)
 	return submitJob(ctx, r.js, e.Definition, job, tick)
 }
 
-func (r *Relay) event(ctx context.Context, kind protocol.EventKind, name, job string, tick time.Time, late time.Duration) {
-	ev := protocol.Event{Kind: kind, ID: job, JobID: job, Data: map[string]string{
+func (r *Relay) event(ctx context.Context, kind protocol.EventKind, name, job string, tick time.Time, late time.Duration,
+	reason string, data map[string]string) {
+	ev := protocol.Event{Kind: kind, ID: job, JobID: job, Reason: reason, Data: map[string]string{
 		"schedule": name, "tick": tick.UTC().Format(time.RFC3339Nano), "late": late.Round(time.Millisecond).String(),
 	}}
+	for k, v := range data {
+		if v != "" {
+			ev.Data[k] = v
+		}
+	}
 	if err := r.events.Publish(ctx, ev); err != nil {
 		r.log.Warn().Err(err).Str("schedule", name).Msg("schedule event not published")
 	}
