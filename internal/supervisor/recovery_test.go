@@ -305,12 +305,8 @@ func TestFreshSupervisorFindsUnfinishedWorkAmongFinishedJobs(t *testing.T) {
 // holds every job's ask at once.
 func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{})
-	ctx := context.Background()
-	store, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newBundle(t)
+	ctx, store := context.Background(), b.store
 	const jobs = 16
 	long := time.Now().UTC().Add(-time.Hour)
 	sp := spec.Job{Name: "two", Steps: []spec.Step{{ID: "a", Action: "noop"}, {ID: "b", Action: "noop"}}}
@@ -332,7 +328,7 @@ func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
 	var mu sync.Mutex
 	held := map[string]*nats.Msg{}
 	most, twice := 0, ""
-	sub, err := nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+	sub, err := b.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
 		if held[string(m.Data)] != nil {
@@ -353,7 +349,6 @@ func TestRecoveryAsksAboutStalledJobsSideBySide(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
-	b := &bundle{srv: srv, nc: nc, js: js, store: store}
 	b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour),
 		RecoveryGrace: protocol.Duration(200 * time.Millisecond), AdvanceTimeout: protocol.Duration(time.Minute)})
 	defer func() {

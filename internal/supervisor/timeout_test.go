@@ -14,7 +14,6 @@ import (
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
-	"github.com/wardenhq/warden/streams"
 )
 
 // A job's timeout does not rest on the wake its scheduler armed: that
@@ -27,17 +26,12 @@ import (
 // before its step would have ended.
 func TestLeaderAsksForAJobAtItsDeadline(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{})
-	ctx := context.Background()
-	store, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{srv: srv, nc: nc, js: js, store: store}
+	b := newBundle(t)
+	ctx, store := context.Background(), b.store
 	stopFirst := b.scheduler(t, scheduler.Config{})
 	v := b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour)})
 	waitClosed(t, v.Leading(), "the supervisor leads")
-	a := agenttest.StartAgent(t, nc, agent.Config{ID: "a1", Pool: "default"})
+	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
 	a.Script(func(ctx context.Context, _ *agent.Task) (any, error) {
 		select {
 		case <-ctx.Done():
@@ -75,12 +69,8 @@ func TestLeaderAsksForAJobAtItsDeadline(t *testing.T) {
 // compensation_failed.
 func TestUndoOfATimedOutJobIsTakenBackNotCancelled(t *testing.T) {
 	t.Parallel()
-	srv, nc, js := natstest.Start(t, streams.Options{})
-	ctx := context.Background()
-	store, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newBundle(t)
+	ctx, store := context.Background(), b.store
 	long := time.Now().UTC().Add(-time.Hour)
 	sp := spec.Job{Name: "trip", Timeout: protocol.Duration(time.Minute), Steps: []spec.Step{
 		{ID: "seat", Action: "echo"}, {ID: "seat_compensate", Action: "echo"}}}
@@ -102,7 +92,6 @@ func TestUndoOfATimedOutJobIsTakenBackNotCancelled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := &bundle{srv: srv, nc: nc, js: js, store: store}
 	b.supervisor(t, supervisor.Config{FailureThreshold: protocol.Duration(time.Hour),
 		RecoveryGrace: protocol.Duration(200 * time.Millisecond)})
 	var st *jobstore.Step
