@@ -155,3 +155,19 @@ func TestRetryOfATimedOutJobStartsItsTimeoutAgain(t *testing.T) {
 		t.Fatalf("retried job: timed_out %v, deadline %v (was %v)", job.TimedOut, job.Deadline, failed.Deadline)
 	}
 }
+
+// A delayed job's timeout counts from its release, not its submission:
+// the wait for its start is not its run.
+func TestDelayedJobsTimeoutCountsFromItsRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	timeoutAgent(t, b)
+	submitted := time.Now()
+	publishJobs(t, b, 1, "later", `{"name":"later","delay":"2s","timeout":"1s","steps":[{"id":"a","action":"echo"}]}`)
+	job := b.waitJobWithin(t, "later-0000", jobstore.JobSucceeded, 20*time.Second)
+	if job.TimedOut || job.CreatedAt.Before(submitted.Add(2*time.Second)) || !job.Deadline.Equal(job.CreatedAt.Add(time.Second)) {
+		t.Fatalf("submitted %s: created %s, deadline %s, timed_out %v; want the deadline a second after its release",
+			submitted.Format(time.StampMilli), job.CreatedAt.Format(time.StampMilli), job.Deadline.Format(time.StampMilli), job.TimedOut)
+	}
+}
