@@ -171,3 +171,21 @@ func TestDelayedJobsTimeoutCountsFromItsRelease(t *testing.T) {
 			submitted.Format(time.StampMilli), job.CreatedAt.Format(time.StampMilli), job.Deadline.Format(time.StampMilli), job.TimedOut)
 	}
 }
+
+// A job that waits for an agent its pool never gets (parked in its
+// scheduler's memory, no result to come) times out too: its waiting step
+// is cancelled and the job fails.
+func TestWaitingJobTimesOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	publishJobs(t, b, 1, "nobody", `{"name":"nobody","timeout":"1s","steps":[{"id":"a","action":"echo","pool":"absent"}]}`)
+	job := b.waitJobWithin(t, "nobody-0000", jobstore.JobFailed, 20*time.Second)
+	st, _, err := b.store.Step(context.Background(), job.ID, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !job.TimedOut || st.State != jobstore.StepCancelled || !strings.Contains(st.LastError, "timed out") {
+		t.Fatalf("job %s (%s, timed_out %v); step %s (%s)", job.State, job.Error, job.TimedOut, st.State, st.LastError)
+	}
+}
