@@ -12,6 +12,9 @@ type Metrics interface {
 	StaleResult()
 	ResultRejected(reason string)
 	JobFinished(state string)
+	// JobTimedOut counts jobs whose timeout ran out (they then end failed
+	// or compensate).
+	JobTimedOut()
 	// WaitingSteps is the queue depth by priority: steps of this
 	// scheduler waiting for agent capacity.
 	WaitingSteps(priority string, n int)
@@ -27,6 +30,7 @@ func (NopMetrics) ResultApplied(string)      {}
 func (NopMetrics) StaleResult()              {}
 func (NopMetrics) ResultRejected(string)     {}
 func (NopMetrics) JobFinished(string)        {}
+func (NopMetrics) JobTimedOut()              {}
 func (NopMetrics) WaitingSteps(string, int)  {}
 
 type promMetrics struct {
@@ -37,6 +41,7 @@ type promMetrics struct {
 	stale      prometheus.Counter
 	refused    *prometheus.CounterVec
 	finished   *prometheus.CounterVec
+	timedOut   prometheus.Counter
 	waiting    *prometheus.GaugeVec
 }
 
@@ -50,9 +55,10 @@ func NewMetrics(r prometheus.Registerer) Metrics {
 		stale:      prometheus.NewCounter(prometheus.CounterOpts{Name: "warden_results_stale_total", Help: "Results dropped because their epoch was not the step's."}),
 		refused:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_results_rejected_total", Help: "Results refused (wrong agent, token, subject; unknown job or step; undecodable), by reason."}, []string{"reason"}),
 		finished:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "warden_jobs_finished_total", Help: "Jobs that reached a terminal state, by state."}, []string{"state"}),
+		timedOut:   prometheus.NewCounter(prometheus.CounterOpts{Name: "warden_jobs_timed_out_total", Help: "Jobs whose timeout ran out: cancelled, to end failed (or compensated)."}),
 	}
 	m.waiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "warden_steps_waiting", Help: "Steps waiting for agent capacity in this scheduler, by priority (queue depth)."}, []string{"priority"})
-	r.MustRegister(m.accepted, m.rejected, m.dispatched, m.results, m.stale, m.refused, m.finished, m.waiting)
+	r.MustRegister(m.accepted, m.rejected, m.dispatched, m.results, m.stale, m.refused, m.finished, m.timedOut, m.waiting)
 	return m
 }
 
@@ -63,4 +69,5 @@ func (m *promMetrics) ResultApplied(s string)       { m.results.WithLabelValues(
 func (m *promMetrics) StaleResult()                 { m.stale.Inc() }
 func (m *promMetrics) ResultRejected(reason string) { m.refused.WithLabelValues(reason).Inc() }
 func (m *promMetrics) JobFinished(s string)         { m.finished.WithLabelValues(s).Inc() }
+func (m *promMetrics) JobTimedOut()                 { m.timedOut.Inc() }
 func (m *promMetrics) WaitingSteps(p string, n int) { m.waiting.WithLabelValues(p).Set(float64(n)) }

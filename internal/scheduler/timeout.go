@@ -45,6 +45,7 @@ func (w *worker) timeOut(jt *jobTurn, now time.Time) {
 	w.forgetDeadline(j.ID)
 	j.Desired, j.TimedOut, j.UpdatedAt = jobstore.JobCancelled, true, now
 	js.dirtyJob = true
+	jt.count(-1, func(m Metrics, _ string) { m.JobTimedOut() }, "")
 	w.log.Warn().Str(logging.FieldJob, j.ID).Time("deadline", j.Deadline).Stringer("timeout", j.Spec.Timeout).
 		Msg("job timed out: cancelling its steps")
 }

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/wardenhq/warden/internal/jobstore"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/scheduler"
 	"github.com/wardenhq/warden/pkg/agent"
@@ -187,5 +190,23 @@ func TestWaitingJobTimesOut(t *testing.T) {
 	}
 	if !job.TimedOut || st.State != jobstore.StepCancelled || !strings.Contains(st.LastError, "timed out") {
 		t.Fatalf("job %s (%s, timed_out %v); step %s (%s)", job.State, job.Error, job.TimedOut, st.State, st.LastError)
+	}
+}
+
+// A timed-out job is counted once in warden_jobs_timed_out_total, and
+// ends counted failed.
+func TestJobTimeoutIsCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	b.startScheduler(t, scheduler.Config{}, scheduler.WithMetrics(scheduler.NewMetrics(reg)))
+	timeoutAgent(t, b)
+	publishJobs(t, b, 1, "counted", `{"name":"counted","timeout":"1s","steps":[{"id":"slow","action":"echo"}]}`)
+	b.waitJobWithin(t, "counted-0000", jobstore.JobFailed, 20*time.Second)
+	natstest.Eventually(t, 10*time.Second, "the job's end counted", func() bool {
+		return counter(t, reg, "warden_jobs_finished_total", "failed") == 1
+	})
+	if got := counter(t, reg, "warden_jobs_timed_out_total", ""); got != 1 {
+		t.Fatalf("warden_jobs_timed_out_total = %v, want 1", got)
 	}
 }
