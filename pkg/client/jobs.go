@@ -79,6 +79,27 @@ type JobDetail struct {
 	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
+// readJob reads job id's record, again when the read raced the record's
+// creation: the direct get found nothing, then the stream's leader had it
+// (jobstore.ErrBehindLeader, also what a replica that lags answers). A
+// delayed job shown at its release failed `warden job show` with exit 2.
+func readJob(ctx context.Context, st *jobstore.Store, id string) (*jobstore.Job, error) {
+	for try := 1; ; try++ {
+		j, _, err := st.Job(ctx, id)
+		if !errors.Is(err, jobstore.ErrBehindLeader) || try == readJobTries {
+			return j, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
+		}
+	}
+}
+
+// readJobTries bounds readJob's reads (200 ms of waits in all).
+const readJobTries = 5
+
 // Job reads one job and its steps, without their lease tokens (records.go).
 // A job accepted but not made yet (held until its start time, or queued for
 // a scheduler) is reported from its submission, with Held set. ErrNotFound
@@ -91,7 +112,7 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	j, _, err := st.Job(ctx, id)
+	j, err := readJob(ctx, st, id)
 	if errors.Is(err, jobstore.ErrNotFound) {
 		h, herr := c.findHeld(ctx, id)
 		switch {
@@ -104,7 +125,7 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 			}
 		default:
 			// Not held: it may have become a record since.
-			j, _, err = st.Job(ctx, id)
+			j, err = readJob(ctx, st, id)
 		}
 	}
 	if errors.Is(err, jobstore.ErrNotFound) {
