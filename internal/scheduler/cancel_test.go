@@ -161,3 +161,34 @@ func TestWaitingJobWhoseRecordsVanishLetsGo(t *testing.T) {
 		return pending(t, b.js, protocol.StreamSubmit) == 0
 	})
 }
+
+// A cancel ends every pending step cancelled, dependents included: they
+// were skipped behind the first, in the same write round as its own
+// write, so that when that write lost its compare-and-set (the job's
+// owner dispatched the step meanwhile) the skip landed anyway and the
+// dependent went from skipped to cancelled later (the chaos suite's
+// timed jobs: a double state transition).
+func TestCancelEndsPendingDependentsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	b.submitNoReply(t, []byte(`{"name":"chain","steps":[{"id":"a","action":"echo","pool":"absent"},
+ {"id":"b","action":"echo","depends_on":["a"]},{"id":"c","action":"echo","depends_on":["b"]}]}`), "job-chain")
+	natstest.Eventually(t, 10*time.Second, "the job is accepted", func() bool {
+		_, _, err := b.store.Job(context.Background(), "job-chain")
+		return err == nil
+	})
+	if _, err := ops.New(b.nc, b.store).CancelJob(context.Background(), "job-chain"); err != nil {
+		t.Fatal(err)
+	}
+	b.waitJob(t, "job-chain", jobstore.JobCancelled)
+	for _, id := range []string{"a", "b", "c"} {
+		st, _, err := b.store.Step(context.Background(), "job-chain", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State != jobstore.StepCancelled {
+			t.Errorf("step %s %s (%s), want cancelled", id, st.State, st.LastError)
+		}
+	}
+}
