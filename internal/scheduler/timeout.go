@@ -32,8 +32,11 @@ type deadlineWake struct {
 func (w *worker) timeOut(jt *jobTurn, now time.Time) {
 	js := jt.js
 	j := js.job
-	if j.Deadline.IsZero() || j.State.Terminal() || j.State == jobstore.JobCompensating ||
-		j.Desired == jobstore.JobCancelled || js.open == 0 {
+	if j.Deadline.IsZero() {
+		return
+	}
+	if j.State.Terminal() || j.State == jobstore.JobCompensating || j.Desired == jobstore.JobCancelled || js.open == 0 {
+		w.forgetDeadline(j.ID) // nothing left for a wake to do
 		return
 	}
 	if now.Before(j.Deadline) {

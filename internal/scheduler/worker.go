@@ -448,6 +448,9 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			if due, ok := w.wakes[in.job]; ok && !due.After(w.s.now()) {
 				delete(w.wakes, in.job)
 			}
+			if d, ok := w.deadlines[in.job]; ok && !d.at.After(w.s.now()) {
+				delete(w.deadlines, in.job) // fired: a later turn may arm it again
+			}
 		}
 		if in.reload {
 			w.markRead(in.job) // the question below counts as a read

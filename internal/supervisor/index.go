@@ -292,8 +292,12 @@ func (x *Index) Recheck(d Due, now time.Time) {
 	if e := x.entries[d.Key]; e != nil && e.moved == d.moved {
 		e.tries = min(e.tries+1, 30)
 		due := now.UnixNano() + x.backoff(e.tries)
-		if e.locked != 0 {
-			due = min(due, e.locked) // asked before its lease ends (a job's deadline)
+		if e.locked > now.UnixNano() {
+			// Asked before its lease ends (at a job's deadline): the
+			// lease's end is looked at on time. A lease already past
+			// (nothing to release: the index's lease is not the
+			// record's) waits the backoff, not a loop of reads.
+			due = min(due, e.locked)
 		}
 		x.set(e, due)
 	}

@@ -320,3 +320,22 @@ func TestIndexRecheckKeepsTheLease(t *testing.T) {
 		t.Fatalf("next due %v after the deadline, want the lease's end (+1s)", next.Sub(deadline))
 	}
 }
+
+// A recheck of an entry whose lease has already passed (nothing was
+// released: the index's lease is not the record's) waits the backoff; it
+// is not due again at once, which made a loop of reads and asks.
+func TestIndexRecheckOfAPastLeaseWaitsTheBackoff(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	x := NewIndex(8 * time.Second)
+	x.Observe(rec("step.j.s", "dispatched", t0, t0.Add(time.Second)))
+	now := t0.Add(2 * time.Second)
+	due := x.PopDue(now)
+	if len(due) != 1 || !due[0].Locked {
+		t.Fatalf("due %+v", due)
+	}
+	x.Recheck(due[0], now)
+	if next, _ := x.Next(); !next.Equal(now.Add(time.Second)) {
+		t.Fatalf("next due %v after the recheck, want the backoff (grace/8 = 1s)", next.Sub(now))
+	}
+}

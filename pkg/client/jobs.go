@@ -91,7 +91,7 @@ func readJob(ctx context.Context, st *jobstore.Store, id string) (*jobstore.Job,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, ctx.Err()
 		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
 		}
 	}
