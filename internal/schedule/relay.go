@@ -252,8 +252,13 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		// tick is armed all the same, so that a paused schedule keeps a
 		// timer, and its Resume finds one to replace.
 		r.log.Debug().Str("schedule", name).Time("tick", tick).Msg("tick of a paused schedule skipped")
-		// An operator reading the events sees what the pause cost.
-		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "paused", map[string]string{"pause_reason": e.PauseReason})
+		// The first tick a pause skips is told on the event stream, so an
+		// operator can tell a paused schedule from a broken one; one per
+		// tick would flood it (an @every 1s schedule paused for a week:
+		// 600,000 events pushing out the rest).
+		if !tick.After(x.Next(e.PausedAt)) {
+			r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "paused", map[string]string{"pause_reason": e.PauseReason})
+		}
 	case overdue && e.Catchup == CatchupSkip:
 		r.log.Info().Str("schedule", name).Time("tick", tick).Dur("late", late).Msg("overdue tick skipped (catchup: skip)")
 		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "overdue (catchup: skip)", nil)
