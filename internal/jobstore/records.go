@@ -216,6 +216,7 @@ type StepDefaults struct {
 func NewSteps(jobID string, sp spec.Job, d StepDefaults, now time.Time) ([]*Step, error) {
 	out := make([]*Step, 0, len(sp.Steps))
 	for _, s := range sp.Steps {
+		s = sp.WithJobRetry(s)
 		var params json.RawMessage
 		if s.Params != nil {
 			b, err := json.Marshal(s.Params)

@@ -47,6 +47,20 @@ type Job struct {
 	// "timed out" (its compensations, if any, run as after any failure).
 	// Zero: no bound. Each step's own timeout still bounds each execution.
 	Timeout protocol.Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+	// MaxRetries and Retry are the retry settings of the steps that set
+	// neither (WithJobRetry): a step's own max_retries or retry replaces
+	// both, nothing is merged. Compensations keep their own.
+	MaxRetries *int           `json:"max_retries,omitempty" yaml:"max_retries,omitempty"`
+	Retry      *RetryOverride `json:"retry,omitempty" yaml:"retry,omitempty"`
+}
+
+// WithJobRetry returns s with the job's retry settings when it sets
+// neither max_retries nor retry of its own.
+func (j *Job) WithJobRetry(s Step) Step {
+	if s.MaxRetries == nil && s.Retry == nil {
+		s.MaxRetries, s.Retry = j.MaxRetries, j.Retry
+	}
+	return s
 }
 
 // Step is one unit of work run by one agent.

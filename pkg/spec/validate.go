@@ -9,6 +9,29 @@ import (
 	"github.com/wardenhq/warden/pkg/protocol"
 )
 
+// validRetry checks the retry settings of s (a step's, or the job's with
+// prefix ""): max_retries 0 to 100, and a retry override that applies.
+func validRetry(prefix string, s Step) error {
+	f := func(name string) string {
+		if prefix == "" {
+			return name
+		}
+		return prefix + "." + name
+	}
+	if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
+		return invalid(ReasonInvalidValue, f("max_retries"), "must be between 0 and 100, got %d", *s.MaxRetries)
+	}
+	if o := s.RetryOverride(); o != nil {
+		if err := validRetryDurations(f("retry"), o); err != nil {
+			return err
+		}
+		if err := o.Apply(retry.DefaultPolicy()).Validate(); err != nil {
+			return invalid(ReasonInvalidValue, f("retry"), "%v", err)
+		}
+	}
+	return nil
+}
+
 // validIdempotencyKey refuses a key that would not reach the server as
 // written. The key is the submission's Nats-Msg-Id, and NATS clients trim a
 // header value's leading and trailing white space and turn CR and LF into
@@ -79,20 +102,16 @@ func (j *Job) Validate(l Limits) error {
 		if s.Target != "" && (s.Cluster == "" || strings.ContainsAny(s.Target, " \t\r\n")) {
 			return invalid(ReasonInvalidValue, f+".target", "target %q needs a cluster and no white space", s.Target)
 		}
-		if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
-			return invalid(ReasonInvalidValue, f+".max_retries", "must be between 0 and 100, got %d", *s.MaxRetries)
+		if err := validRetry(f, s); err != nil {
+			return err
 		}
 		if err := validDuration(f+".timeout", s.Timeout); err != nil {
 			return err
 		}
-		if o := s.RetryOverride(); o != nil {
-			if err := validRetryDurations(f+".retry", o); err != nil {
-				return err
-			}
-			if err := o.Apply(retry.DefaultPolicy()).Validate(); err != nil {
-				return invalid(ReasonInvalidValue, f+".retry", "%v", err)
-			}
-		}
+	}
+	// The job's retry settings, as the steps that take them would hold them.
+	if err := validRetry("", Step{MaxRetries: j.MaxRetries, Retry: j.Retry}); err != nil {
+		return err
 	}
 	for i, s := range j.Steps {
 		seen := map[string]bool{}

@@ -188,3 +188,20 @@ func TestJobTimeoutIsValidated(t *testing.T) {
 		t.Fatalf("a timeout over 366 days: %v", err)
 	}
 }
+
+// A job's retry settings are checked as a step's are.
+func TestJobRetrySettingsAreValidated(t *testing.T) {
+	t.Parallel()
+	for in, field := range map[string]string{
+		`{"name":"r","max_retries":101,"steps":[{"id":"a","action":"echo"}]}`:                "max_retries",
+		`{"name":"r","retry":{"base_backoff":"9000h"},"steps":[{"id":"a","action":"echo"}]}`: "retry.base_backoff",
+		`{"name":"r","retry":{"multiplier":0.5},"steps":[{"id":"a","action":"echo"}]}`:       "retry",
+		`{"name":"r","steps":[{"id":"a","action":"echo","max_retries":-1}]}`:                 "steps[0].max_retries",
+	} {
+		_, err := spec.Parse([]byte(in), spec.Limits{})
+		var ve *spec.ValidationError
+		if !errors.As(err, &ve) || ve.Field != field {
+			t.Errorf("%s: %v, want an error on %s", in, err, field)
+		}
+	}
+}
