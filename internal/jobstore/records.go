@@ -195,6 +195,13 @@ func (j *Job) setDeadline(start time.Time) {
 	}
 }
 
+// TimeoutPending reports whether j has a timeout that can still act: a
+// deadline, and a job neither finished, compensating (its undo runs to
+// the end) nor being cancelled (a timeout that acted included).
+func (j *Job) TimeoutPending() bool {
+	return !j.Deadline.IsZero() && !j.State.Terminal() && j.State != JobCompensating && j.Desired != JobCancelled
+}
+
 // TimeoutError words the error of a job that ran out of its timeout.
 func (j *Job) TimeoutError() string {
 	return fmt.Sprintf("timed out: not finished within its timeout of %s", j.Spec.Timeout)

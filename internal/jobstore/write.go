@@ -41,7 +41,7 @@ func (s *Store) JobWrite(j *Job, rev uint64) Write {
 		}
 	}
 	setLease(m, lease)
-	if !j.Deadline.IsZero() && j.Desired != JobCancelled && !j.State.Terminal() && j.State != JobCompensating {
+	if j.TimeoutPending() {
 		// The supervisor's recovery asks for the job at its deadline
 		// (a scheduler's own wake may be lost with the scheduler).
 		m.Header.Set(protocol.HeaderRecordDeadline, j.Deadline.UTC().Format(time.RFC3339Nano))

@@ -35,7 +35,7 @@ func (w *worker) timeOut(jt *jobTurn, now time.Time) {
 	if j.Deadline.IsZero() {
 		return
 	}
-	if j.State.Terminal() || j.State == jobstore.JobCompensating || j.Desired == jobstore.JobCancelled || js.open == 0 {
+	if !j.TimeoutPending() || js.open == 0 {
 		w.forgetDeadline(j.ID) // nothing left for a wake to do
 		return
 	}
@@ -58,10 +58,7 @@ func (w *worker) timeOut(jt *jobTurn, now time.Time) {
 // job's gate wakes would replace its deadline's. The wake reads the job
 // again (reload): the scheduler that armed it may no longer own the job
 // (a bare submission is accepted by any scheduler, its results go to its
-// partition's owner), and a timeout turn on a stale copy cancelled a step
-// that copy still saw pending, skipping its dependents in records whose
-// compare-and-set still held (seen in the chaos suite: a step skipped,
-// then cancelled by the owner's turn).
+// partition's owner), and its cached copy may be old.
 func (w *worker) wakeAtDeadline(job string, at time.Time) {
 	if d, ok := w.deadlines[job]; ok && d.at.Equal(at) {
 		return
