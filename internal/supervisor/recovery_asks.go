@@ -26,6 +26,24 @@ type outcome struct {
 type jobRound struct {
 	job     string
 	entries []outcome
+	at      map[string]int // entries by key
+}
+
+// put adds d to the round, or replaces the entry of its key there (a write
+// that was no move scheduled it again before the round went out), so that
+// its outcome carries the entry's latest mark (Due.moved). It reports
+// whether the round grew.
+func (jr *jobRound) put(d Due) bool {
+	if i, ok := jr.at[d.Key]; ok {
+		jr.entries[i].d = d
+		return false
+	}
+	if jr.at == nil {
+		jr.at = map[string]int{}
+	}
+	jr.at[d.Key] = len(jr.entries)
+	jr.entries = append(jr.entries, outcome{d: d})
+	return true
 }
 
 // asks hands jobRounds to the recovery's workers, one round of a job at a
@@ -35,50 +53,41 @@ type asks struct {
 	done   chan *jobRound       // back from them
 	queue  []*jobRound          // waiting for a worker, oldest first
 	queued map[string]*jobRound // the round of each job in queue
-	busy   map[string]bool      // jobs with a round out
-	// later: entries that came due while their job had a round out.
-	later map[string][]outcome
-	held  int // entries in queue and later
+	// out holds the jobs with a round out, each with the round of its
+	// entries that came due meanwhile (nil while none has).
+	out  map[string]*jobRound
+	held int // entries in queue and in out's rounds
 }
 
 func newAsks() *asks {
 	return &asks{work: make(chan *jobRound), done: make(chan *jobRound, recoveryAsks),
-		queued: map[string]*jobRound{}, busy: map[string]bool{}, later: map[string][]outcome{}}
+		queued: map[string]*jobRound{}, out: map[string]*jobRound{}}
 }
 
 // room is how many more due entries may be taken now.
 func (a *asks) room() int { return recoveryHeld - a.held }
 
-// add takes entries that came due. An entry that comes due again before
-// its job's round goes out (a write that is no move rescheduled it)
-// replaces the one taken, so that its outcome carries the entry's latest
-// mark (Due.moved).
+// add takes entries that came due.
 func (a *asks) add(due []Due) {
 	for _, d := range due {
-		if a.busy[d.Job] {
-			a.later[d.Job] = a.put(a.later[d.Job], d)
-			continue
-		}
+		next, isOut := a.out[d.Job]
 		jr := a.queued[d.Job]
-		if jr == nil {
+		switch {
+		case isOut && next == nil:
+			next = &jobRound{job: d.Job}
+			a.out[d.Job] = next
+			jr = next
+		case isOut:
+			jr = next
+		case jr == nil:
 			jr = &jobRound{job: d.Job}
 			a.queue = append(a.queue, jr)
 			a.queued[d.Job] = jr
 		}
-		jr.entries = a.put(jr.entries, d)
-	}
-}
-
-// put adds d to entries, or replaces the entry of its key there.
-func (a *asks) put(entries []outcome, d Due) []outcome {
-	for i := range entries {
-		if entries[i].d.Key == d.Key {
-			entries[i].d = d
-			return entries
+		if jr.put(d) {
+			a.held++
 		}
 	}
-	a.held++
-	return append(entries, outcome{d: d})
 }
 
 // head returns the work channel and the round to send on it, or a nil
@@ -96,7 +105,7 @@ func (a *asks) handedOut() {
 	a.queue[0] = nil
 	a.queue = a.queue[1:]
 	delete(a.queued, jr.job)
-	a.busy[jr.job] = true
+	a.out[jr.job] = nil
 	a.held -= len(jr.entries)
 }
 
@@ -106,20 +115,18 @@ func (a *asks) handedOut() {
 // in the index after recovery_retry, as the failed entries are (asking
 // again at once would skip that wait).
 func (a *asks) finished(jr *jobRound) (handled []outcome, retry []Due) {
-	delete(a.busy, jr.job)
-	l := a.later[jr.job]
-	if len(l) == 0 {
+	next := a.out[jr.job]
+	delete(a.out, jr.job)
+	if next == nil {
 		return jr.entries, nil
 	}
-	delete(a.later, jr.job)
 	if slices.ContainsFunc(jr.entries, func(o outcome) bool { return o.err != nil }) {
-		a.held -= len(l)
-		for _, o := range l {
+		a.held -= len(next.entries)
+		for _, o := range next.entries {
 			retry = append(retry, o.d)
 		}
 		return jr.entries, retry
 	}
-	next := &jobRound{job: jr.job, entries: l}
 	a.queue = append(a.queue, next)
 	a.queued[jr.job] = next
 	return jr.entries, nil
