@@ -60,7 +60,7 @@ func printJob(a *app, d client.JobDetail, now time.Time) {
 	switch {
 	case j.TimedOut:
 		fmt.Fprintf(w, "Timeout:  %s, ran out %s\n", j.Spec.Timeout, timestamp(j.Deadline))
-	case !j.Deadline.IsZero() && !j.State.Terminal():
+	case j.TimeoutPending():
 		fmt.Fprintf(w, "Timeout:  %s, runs out %s (in %s)\n", j.Spec.Timeout, timestamp(j.Deadline), max(j.Deadline.Sub(now), 0).Round(time.Second))
 	}
 	if j.Spec.IdempotencyKey != "" {

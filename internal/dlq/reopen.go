@@ -263,10 +263,10 @@ func reopenJobRecord(ctx context.Context, store *jobstore.Store, snap *jobstore.
 // job retry, it has not ended (again is true once this call reopened
 // steps: a scheduler may have reopened the job meanwhile).
 func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
-	// A job that timed out is cancelled to stop its steps, but ends
-	// failed: once it has, its dead letters may be retried as any failed
+	// A job that timed out is being cancelled while its steps stop; once
+	// it has ended (failed) its dead letters may be retried as any failed
 	// job's.
-	cancelled := job.Desired == jobstore.JobCancelled && !(job.TimedOut && job.State.Terminal()) ||
+	cancelled := job.CancelRequested() || job.Desired == jobstore.JobCancelled && !job.State.Terminal() ||
 		job.State == jobstore.JobCancelled
 	switch {
 	case job.State.Compensation():

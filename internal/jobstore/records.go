@@ -202,6 +202,12 @@ func (j *Job) TimeoutPending() bool {
 	return !j.Deadline.IsZero() && !j.State.Terminal() && j.State != JobCompensating && j.Desired != JobCancelled
 }
 
+// CancelRequested reports whether someone cancelled j (an operator, a
+// client): a job that timed out is cancelled too, to stop its steps, but
+// ends failed, compensates as after any failure, and its dead letters may
+// be retried once it has ended.
+func (j *Job) CancelRequested() bool { return j.Desired == JobCancelled && !j.TimedOut }
+
 // TimeoutError words the error of a job that ran out of its timeout.
 func (j *Job) TimeoutError() string {
 	return fmt.Sprintf("timed out: not finished within its timeout of %s", j.Spec.Timeout)

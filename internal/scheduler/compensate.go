@@ -28,7 +28,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	js := jt.js
 	j := js.job
 	if js.open > 0 || j.State.Terminal() || j.State == jobstore.JobCompensating || j.ForwardSteps > 0 ||
-		(j.Desired == jobstore.JobCancelled && !j.CompensateOnCancel && !j.TimedOut) {
+		(j.CancelRequested() && !j.CompensateOnCancel) {
 		return false
 	}
 	// A permanent failure, a timeout or a cancel that asked for

@@ -149,7 +149,7 @@ async function job(id) {
     h("h2", {}, "Job ", h("span", {class: "mono"}, j.id), " ", state(j.state)),
     h("p", {class: "muted"}, `${j.name} · created ${when(j.created_at)}` + (j.finished_at ? ` · finished ${when(j.finished_at)}` : "") +
       (j.desired !== "succeeded" && !j.timed_out ? ` · desired ${j.desired}` : "") +
-      (j.deadline && (j.timed_out || !j.finished_at) ? (j.timed_out ? ` · timed out ${when(j.deadline)}` : ` · timeout ${j.spec.timeout}, runs out ${when(j.deadline)}`) : "")),
+      (j.deadline && (j.timed_out || (!j.finished_at && j.state !== "compensating" && j.desired !== "cancelled")) ? (j.timed_out ? ` · timed out ${when(j.deadline)}` : ` · timeout ${j.spec.timeout}, runs out ${when(j.deadline)}`) : "")),
     j.error ? h("p", {class: "err"}, j.error) : null,
     actions,
     h("h3", {}, "Steps"),
