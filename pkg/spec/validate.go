@@ -18,8 +18,8 @@ func validRetry(prefix string, s Step) error {
 		}
 		return prefix + "." + name
 	}
-	if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > 100) {
-		return invalid(ReasonInvalidValue, f("max_retries"), "must be between 0 and 100, got %d", *s.MaxRetries)
+	if s.MaxRetries != nil && (*s.MaxRetries < 0 || *s.MaxRetries > retry.MaxMaxRetries) {
+		return invalid(ReasonInvalidValue, f("max_retries"), "must be between 0 and %d, got %d", retry.MaxMaxRetries, *s.MaxRetries)
 	}
 	if o := s.RetryOverride(); o != nil {
 		if err := validRetryDurations(f("retry"), o); err != nil {

@@ -312,19 +312,11 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 	if c.Agent != "" && !protocol.ValidToken(c.Agent) {
 		return invalid(ReasonInvalidID, field+".agent", "agent %q may contain only letters, digits, '_' and '-'", c.Agent)
 	}
-	if c.MaxRetries != nil && (*c.MaxRetries < 0 || *c.MaxRetries > 100) {
-		return invalid(ReasonInvalidValue, field+".max_retries", "must be between 0 and 100, got %d", *c.MaxRetries)
+	if err := validRetry(field, Step{MaxRetries: c.MaxRetries, Retry: c.Retry}); err != nil {
+		return err
 	}
 	if err := validDuration(field+".timeout", c.Timeout); err != nil {
 		return err
-	}
-	if c.Retry != nil {
-		if err := validRetryDurations(field+".retry", c.Retry); err != nil {
-			return err
-		}
-		if err := c.Retry.Apply(retry.DefaultPolicy()).Validate(); err != nil {
-			return invalid(ReasonInvalidValue, field+".retry", "%v", err)
-		}
 	}
 	id := CompensationID(step)
 	if !protocol.ValidToken(id) {
