@@ -66,8 +66,8 @@ func (s *Store) Pause(ctx context.Context, name, reason string) (Entry, bool, er
 	if err != nil {
 		return e, true, nil // a relay drops its ticks and says why
 	}
-	e.Next = x.Next(now)
-	switch err := arm(ctx, s.js, name, e.Rev, e.Next); {
+	e.Next, err = s.armNext(ctx, name, e.Rev, x)
+	switch {
 	case errors.Is(err, errChanged):
 		e.Next = time.Time{} // changed again since: the new writer's timer
 	case err != nil:

@@ -257,17 +257,17 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		// tick would flood it (an @every 1s schedule paused for a week:
 		// 600,000 events pushing out the rest).
 		if !tick.After(x.Next(e.PausedAt)) {
-			r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "paused", map[string]string{"pause_reason": e.PauseReason})
+			r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "paused", e.PauseReason)
 		}
 	case overdue && e.Catchup == CatchupSkip:
 		r.log.Info().Str("schedule", name).Time("tick", tick).Dur("late", late).Msg("overdue tick skipped (catchup: skip)")
-		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "overdue (catchup: skip)", nil)
+		r.event(ctx, protocol.EventScheduleSkipped, name, job, tick, late, "overdue (catchup: skip)", "")
 	default:
 		if err := r.submit(ctx, e, job, tick); err != nil {
 			return err
 		}
 		r.log.Debug().Str("schedule", name).Str(logging.FieldJob, job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
-		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late, "", nil)
+		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late, "", "")
 	}
 	err = arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
 	if errors.Is(err, errChanged) {
@@ -285,14 +285,12 @@ func (r *Relay) submit(ctx context.Context, e Entry, job string, tick time.Time)
 }
 
 func (r *Relay) event(ctx context.Context, kind protocol.EventKind, name, job string, tick time.Time, late time.Duration,
-	reason string, data map[string]string) {
+	reason, pauseReason string) {
 	ev := protocol.Event{Kind: kind, ID: job, JobID: job, Reason: reason, Data: map[string]string{
 		"schedule": name, "tick": tick.UTC().Format(time.RFC3339Nano), "late": late.Round(time.Millisecond).String(),
 	}}
-	for k, v := range data {
-		if v != "" {
-			ev.Data[k] = v
-		}
+	if pauseReason != "" {
+		ev.Data["pause_reason"] = pauseReason
 	}
 	if err := r.events.Publish(ctx, ev); err != nil {
 		r.log.Warn().Err(err).Str("schedule", name).Msg("schedule event not published")
