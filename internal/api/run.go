@@ -40,34 +40,18 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger, ready func(addr st
 	// connection closes.
 	ix := jobstore.NewIndex(store, js, jobstore.IndexConfig{Logger: log})
 	store.UseIndex(ix)
-	ixCtx, stopIndex := context.WithCancel(ctx)
-	ixDone := make(chan struct{})
-	go func() {
-		defer close(ixDone)
-		_ = ix.Run(ixCtx)
-	}()
-	defer func() {
-		stopIndex()
-		<-ixDone
-	}()
+	defer background(ctx, ix.Run)()
 	o := ops.New(nc, store)
 	reg := metrics.NewRegistry()
 	reg.MustRegister(ops.NewCollector(o, log))
 	// The metrics feed follows the job keys and WARDEN_EVENTS; like the
 	// index it is stopped, and waited for, before the connection closes.
 	feed := ops.NewFeed(o, reg, log)
-	feedCtx, stopFeed := context.WithCancel(ctx)
-	feedDone := make(chan struct{})
-	go func() {
-		defer close(feedDone)
-		if err := feed.Run(feedCtx); err != nil && feedCtx.Err() == nil {
+	defer background(ctx, func(ctx context.Context) {
+		if err := feed.Run(ctx); err != nil {
 			log.Warn().Err(err).Msg("metrics feed stopped")
 		}
-	}()
-	defer func() {
-		stopFeed()
-		<-feedDone
-	}()
+	})()
 	srv, err := New(cfg, nc, o, WithLogger(log), WithGatherer(reg))
 	if err != nil {
 		return err
@@ -80,4 +64,19 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger, ready func(addr st
 		defer func() { _ = svc.Stop() }()
 	}
 	return srv.Run(ctx, ready)
+}
+
+// background runs fn in a goroutine on a context of its own and returns
+// the function that cancels it and waits for fn to return.
+func background(ctx context.Context, fn func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }

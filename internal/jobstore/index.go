@@ -162,10 +162,10 @@ func (ix *Index) Status() IndexStatus {
 }
 
 // Run builds the index and keeps it current until ctx ends, then drops it
-// and returns nil. A failure drops the index and rebuilds it after a
+// and returns. A failure drops the index and rebuilds it after a
 // backoff; listings scan meanwhile. Run returns only once every goroutine
 // it started has ended.
-func (ix *Index) Run(ctx context.Context) error {
+func (ix *Index) Run(ctx context.Context) {
 	nc := ix.js.Conn()
 	conn := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CONNECTED, nats.CLOSED)
 	defer nc.RemoveStatusListener(conn)
@@ -202,7 +202,6 @@ func (ix *Index) Run(ctx context.Context) error {
 		backoff = min(2*backoff, ix.cfg.MaxBackoff)
 	}
 	ix.drop()
-	return nil
 }
 
 // attempt builds the index and follows the job keys until ctx ends or the

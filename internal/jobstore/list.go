@@ -179,7 +179,7 @@ func pageOf(entries []JobEntry, f ListFilter, limit int, after *JobEntry) (ListP
 }
 
 func (f ListFilter) match(e JobEntry) bool {
-	if len(f.States) > 0 && !slices.Contains(f.States, e.State) {
+	if !f.wantsState(e.State) {
 		return false
 	}
 	if !f.CreatedAfter.IsZero() && e.Created.Before(f.CreatedAfter) {
@@ -189,6 +189,11 @@ func (f ListFilter) match(e JobEntry) bool {
 		return false
 	}
 	return true
+}
+
+// wantsState says whether jobs in state s are listed.
+func (f ListFilter) wantsState(s JobState) bool {
+	return len(f.States) == 0 || slices.Contains(f.States, s)
 }
 
 // compareEntries orders newest first, then by id.
@@ -393,7 +398,6 @@ func parseTTL(v string) (time.Duration, bool) {
 	return 0, false
 }
 
-// legacyEntries reads records that carry no headers.
 // legacyEntry is the entry of job id, written without the headers a
 // listing reads (an older version): its record read whole; ok is false if
 // there is none.

@@ -31,6 +31,10 @@ const (
 	JobExpired JobState = "expired"
 )
 
+// JobStates lists the job states, in lifecycle order.
+var JobStates = []JobState{JobPending, JobRunning, JobSucceeded, JobFailed, JobCancelled, JobExpired,
+	JobCompensating, JobCompensated, JobCompensationFailed}
+
 // Terminal reports whether no further transition can happen.
 func (s JobState) Terminal() bool {
 	return s == JobSucceeded || s == JobFailed || s == JobCancelled || s == JobCompensated || s == JobCompensationFailed || s == JobExpired

@@ -59,8 +59,7 @@ func (o *Ops) ListJobs(ctx context.Context, f jobstore.ListFilter) (JobsPage, er
 }
 
 // JobStates lists the job states, in lifecycle order.
-var JobStates = []jobstore.JobState{jobstore.JobPending, jobstore.JobRunning, jobstore.JobSucceeded, jobstore.JobFailed, jobstore.JobCancelled, jobstore.JobExpired,
-	jobstore.JobCompensating, jobstore.JobCompensated, jobstore.JobCompensationFailed}
+var JobStates = jobstore.JobStates
 
 // ValidJobState reports whether s is a job state.
 func ValidJobState(s jobstore.JobState) bool {

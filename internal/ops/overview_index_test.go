@@ -48,7 +48,7 @@ func TestOverviewCountsFromTheJobIndex(t *testing.T) {
 	indexed.UseIndex(ix)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = ix.Run(ctx) }()
+	go func() { defer close(done); ix.Run(ctx) }()
 	defer func() { stop(); <-done }()
 	natstest.Eventually(t, 10*time.Second, "the index built", func() bool { return ix.Status().Ready })
 
