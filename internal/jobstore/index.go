@@ -51,8 +51,6 @@ type Index struct {
 	js     jetstream.JetStream
 	cfg    IndexConfig
 	stream string
-	filter string // the job keys' subjects
-	prefix string // a job key's subject less the id
 
 	mu    sync.RWMutex
 	ready bool   // built, and followed since; false from any failure
@@ -142,11 +140,7 @@ var (
 // NewIndex returns an index of store's jobs, read through js. Run builds
 // and keeps it; Store.UseIndex makes listings use it.
 func NewIndex(store *Store, js jetstream.JetStream, cfg IndexConfig) *Index {
-	bucket := store.kv.Bucket()
-	return &Index{
-		store: store, js: js, cfg: cfg.WithDefaults(),
-		stream: "KV_" + bucket, filter: "$KV." + bucket + ".job.*", prefix: "$KV." + bucket + ".job.",
-	}
+	return &Index{store: store, js: js, cfg: cfg.WithDefaults(), stream: store.stream}
 }
 
 // UseIndex has List answer from ix whenever it is current (nil: always
@@ -246,7 +240,7 @@ func (ix *Index) attempt(ctx context.Context, conn <-chan nats.Status, log zerol
 		return false, cause(err)
 	}
 	cons, err := ix.js.OrderedConsumer(actx, ix.stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{ix.filter},
+		FilterSubjects:    []string{jobKeysFilter},
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       last + 1,
 		HeadersOnly:       true,
@@ -291,7 +285,7 @@ func (ix *Index) apply(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return fmt.Errorf("follow job keys: %w", err)
 	}
-	id := strings.TrimPrefix(m.Subject(), ix.prefix)
+	id := strings.TrimPrefix(m.Subject(), jobKeysPrefix)
 	h := m.Headers()
 	var e JobEntry
 	put := false

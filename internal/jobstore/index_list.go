@@ -175,7 +175,7 @@ func (ix *Index) nextJobWrite(ctx context.Context, from uint64) (uint64, bool, e
 		Seq      uint64 `json:"seq"`
 		NextFor  string `json:"next_by_subj"`
 		NoHeader bool   `json:"no_hdr"`
-	}{from, ix.filter, true})
+	}{from, jobKeysFilter, true})
 	if errors.Is(err, ErrNotFound) {
 		return 0, false, nil
 	}

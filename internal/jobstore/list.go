@@ -252,7 +252,7 @@ func (s *Store) ScanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 // at its start if it received none. A reader that goes on from the next
 // sequence misses no job write (an Index does).
 func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntry, uint64, error) {
-	stream := "KV_" + s.kv.Bucket()
+	stream := s.stream
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list jobs: %w", err)
@@ -262,7 +262,7 @@ func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		return nil, last, nil
 	}
 	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{"$KV." + s.kv.Bucket() + ".job.*"},
+		FilterSubjects: []string{jobKeysFilter},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		HeadersOnly:    true,
 		// An abandoned scan's consumer goes away soon; a finished one is
@@ -297,7 +297,6 @@ func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	gone := 0              // entries of out removed during the scan (ID "")
 	extra := 0             // writes read past the last at the start
 	var reached uint64     // the sequence of the last message received
-	prefix := "$KV." + s.kv.Bucket() + ".job."
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -312,7 +311,7 @@ func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 		}
 		reached = md.Sequence.Stream
 		h := m.Headers()
-		id := strings.TrimPrefix(m.Subject(), prefix)
+		id := strings.TrimPrefix(m.Subject(), jobKeysPrefix)
 		if i, seen := at[id]; seen {
 			switch e, ok := entryFromHeaders(id, h, md); {
 			case Removed(h):

@@ -27,6 +27,13 @@ type entry struct {
 
 const kvPrefix = "$KV." + protocol.BucketJobs + "."
 
+// The subjects of the job records' keys (job.<id>), all of them and less
+// the id: what a listing's scan and the index follow.
+const (
+	jobKeysFilter = kvPrefix + "job.*"
+	jobKeysPrefix = kvPrefix + "job."
+)
+
 // directLast asks for the last message of key: a record, a removal
 // marker, or a status (404: none).
 func (s *Store) directLast(ctx context.Context, key string) (*nats.Msg, error) {

@@ -70,13 +70,13 @@ func newCluster(t *testing.T) *cluster {
 	}
 	for i := range 2 {
 		add(fmt.Sprintf("scheduler-%d", i), func(url string) *procs.Proc {
-			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], schedulerArgs("--server", url)...)
+			return procs.Start(t, fmt.Sprintf("scheduler-%d", i), bins["scheduler"], logLevelArgs("WARDEN_CHAOS_SCHEDULER_LOG_LEVEL", "--server", url)...)
 		})
 	}
 	for i := range 2 {
 		id := fmt.Sprintf("sup-%d", i)
 		add(id, func(url string) *procs.Proc {
-			return procs.Start(t, id, bins["supervisor"], supervisorArgs("--server", url, "--id", id)...)
+			return procs.Start(t, id, bins["supervisor"], logLevelArgs("WARDEN_CHAOS_SUPERVISOR_LOG_LEVEL", "--server", url, "--id", id)...)
 		})
 	}
 	for i := range 4 {

@@ -104,19 +104,10 @@ func orNull(b []byte) []byte {
 	return b
 }
 
-// schedulerArgs adds --log-level from WARDEN_CHAOS_SCHEDULER_LOG_LEVEL,
-// when it is set (debug logs every dispatch).
-func schedulerArgs(args ...string) []string {
-	if l := os.Getenv("WARDEN_CHAOS_SCHEDULER_LOG_LEVEL"); l != "" {
-		args = append(args, "--log-level", l)
-	}
-	return args
-}
-
-// supervisorArgs adds --log-level from WARDEN_CHAOS_SUPERVISOR_LOG_LEVEL,
-// when it is set.
-func supervisorArgs(args ...string) []string {
-	if l := os.Getenv("WARDEN_CHAOS_SUPERVISOR_LOG_LEVEL"); l != "" {
+// logLevelArgs adds --log-level from the environment variable env, when
+// it is set (WARDEN_CHAOS_SCHEDULER_LOG_LEVEL=debug logs every dispatch).
+func logLevelArgs(env string, args ...string) []string {
+	if l := os.Getenv(env); l != "" {
 		args = append(args, "--log-level", l)
 	}
 	return args
