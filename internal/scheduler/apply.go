@@ -98,7 +98,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		// are all ended (finishReopen reopens one that has a step pending).
 		// A resubmission of its id registered on arrival waits for nothing.
 		w.forgetArrived(jt)
-		jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
+		jt.rounds = js.writes(w.s.store)
 		return
 	}
 	w.timeOut(jt, now)           // timeout.go: a job past its timeout is cancelled, to end failed
@@ -123,7 +123,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		jt.count(-1, Metrics.JobFinished, state)
 		w.s.logFinished(js.job)
 	}
-	jt.w1, jt.w2, jt.i1, jt.i2 = js.writes(w.s.store)
+	jt.rounds = js.writes(w.s.store)
 }
 
 // load builds a job's state: from the first input's spec for a new job

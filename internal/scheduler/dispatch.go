@@ -259,14 +259,13 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 			st.LastError, st.UpdatedAt, st.FinishedAt = why, now, now
 			js.markStep(i)
 			// Not stepEnded: it would skip the step's pending dependents,
-			// which this loop cancels anyway. A skip is written in the same
-			// round as the step's own write, and when that one lost its
-			// compare-and-set (the job's owner dispatched the step
-			// meanwhile: a cancel or timeout handled by another scheduler)
-			// the skip landed all the same, and the dependent went from
-			// skipped to cancelled at the next turn (seen in the chaos
-			// suite). Cancelled, the dependent is right whatever became of
-			// the step.
+			// which this loop cancels anyway. A skip was once written in
+			// the same round as its cause and landed when the cause's
+			// write lost (the job's owner dispatched the step meanwhile: a
+			// cancel or timeout handled by another scheduler); the
+			// dependent then went from skipped to cancelled (the chaos
+			// suite). Skips now wait for their cause (writes), and a
+			// cancelled dependent is right whatever became of the step.
 			js.open--
 		case jobstore.StepDispatched:
 			if st.Desired != jobstore.StepCancelled {

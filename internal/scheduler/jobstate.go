@@ -52,6 +52,10 @@ type jobState struct {
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
+	// derived marks the dirty steps whose change another step's caused
+	// (a skip, an undo step's creation): they are written after the
+	// others (writes).
+	derived map[int]bool
 	// used is the worker turn that last used the state (cache eviction).
 	used uint64
 }
@@ -63,7 +67,7 @@ type jobState struct {
 func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState, error) {
 	j := snap.Job
 	js := &jobState{job: j, jobRev: snap.JobRev, byID: make(map[string]int, len(j.Spec.Steps)),
-		dirtySteps: map[int]bool{}}
+		dirtySteps: map[int]bool{}, derived: map[int]bool{}}
 	have := make(map[string]*jobstore.Step, len(snap.Steps))
 	for _, st := range snap.Steps {
 		have[st.ID] = st
@@ -192,6 +196,15 @@ func (js *jobState) markStep(i int) {
 	js.dirtySteps[i] = true
 }
 
+// markDerived marks step i dirty with a change another step's change
+// caused: it is written after that one has landed (writes).
+func (js *jobState) markDerived(i int) {
+	js.markStep(i)
+	if !js.job.Inline {
+		js.derived[i] = true
+	}
+}
+
 // stepEnded updates the bookkeeping after step i reached a terminal state
 // (its record is already changed and marked dirty).
 func (js *jobState) stepEnded(i int, now time.Time) {
@@ -219,7 +232,7 @@ func (js *jobState) skipDependents(i int, now time.Time) {
 		st.State = jobstore.StepSkipped
 		st.LastError = "a dependency did not succeed"
 		st.UpdatedAt, st.FinishedAt = now, now
-		js.markStep(d)
+		js.markDerived(d)
 		js.open--
 		js.skipDependents(d, now)
 	}
@@ -365,45 +378,61 @@ func (js *jobState) anyStarted() bool {
 	return false
 }
 
-// writes returns the records to write for what changed, in two rounds,
-// and clears the dirty marks. The second round is written only once the
-// first has landed: a job record is created before its step records (it is
-// the idempotency guard), and a job's terminal record is written after its
-// steps' (it is the completion signal, so it never runs ahead of them).
+// writeRounds are a turn's writes of one job in the rounds they land in:
+// a round is written only once the one before it has landed in full.
 // idx names what each write is: a step's index, or -1 for the job record.
+type writeRounds struct {
+	writes [3][]jobstore.Write
+	idx    [3][]int
+}
+
+// writes returns the records to write for what changed, in rounds, and
+// clears the dirty marks.
+//   - A new job's record is created before its step records: it is the
+//     idempotency guard.
+//   - The changes a step's own change caused (its dependents skipped, the
+//     undo steps of a compensation) are written after it. When its
+//     compare-and-set loses (the cached copy was stale: the step moved on
+//     elsewhere), they are not written at all: written beside it, they
+//     landed without their cause, and a skipped dependent went back to
+//     pending when the job was read again.
+//   - A job's record is written after its steps' (its terminal record is
+//     the completion signal, so it never runs ahead of them).
+//
 // A step whose record carries the retention TTL is written with it
 // (settleExpiry).
-func (js *jobState) writes(st *jobstore.Store) (first, second []jobstore.Write, idx1, idx2 []int) {
-	var steps []jobstore.Write
-	var sidx []int
+func (js *jobState) writes(st *jobstore.Store) writeRounds {
+	var r writeRounds
 	if !js.job.Inline {
 		for i := range js.dirtySteps {
-			sidx = append(sidx, i)
+			w := st.StepWrite(js.steps[i], js.revs[i])
 			if js.expiring[i] {
-				steps = append(steps, st.EndedStepWrite(js.steps[i], js.revs[i]))
-			} else {
-				steps = append(steps, st.StepWrite(js.steps[i], js.revs[i]))
+				w = st.EndedStepWrite(js.steps[i], js.revs[i])
 			}
+			k := 0
+			if js.derived[i] {
+				k = 1
+			}
+			r.writes[k] = append(r.writes[k], w)
+			r.idx[k] = append(r.idx[k], i)
 		}
 	}
 	clear(js.dirtySteps)
-	var job []jobstore.Write
+	clear(js.derived)
 	if js.dirtyJob {
 		if js.job.Inline {
 			js.job.Steps = js.steps
 		}
-		job = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}
+		w := st.JobWrite(js.job, js.jobRev)
 		js.dirtyJob = false
+		if js.jobRev == 0 {
+			// Created first; its steps are all new, none caused by another.
+			return writeRounds{
+				writes: [3][]jobstore.Write{{w}, slices.Concat(r.writes[0], r.writes[1])},
+				idx:    [3][]int{{-1}, slices.Concat(r.idx[0], r.idx[1])},
+			}
+		}
+		r.writes[2], r.idx[2] = []jobstore.Write{w}, []int{-1}
 	}
-	if js.jobRev == 0 {
-		return job, steps, jobIdx(job), sidx
-	}
-	return steps, job, sidx, jobIdx(job)
-}
-
-func jobIdx(w []jobstore.Write) []int {
-	if len(w) == 0 {
-		return nil
-	}
-	return []int{-1}
+	return r
 }

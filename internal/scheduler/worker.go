@@ -328,8 +328,9 @@ type jobTurn struct {
 	// again with every retry.
 	counts []count
 
-	w1, w2 []jobstore.Write
-	i1, i2 []int
+	// rounds are the turn's writes in the order they must land
+	// (jobState.writes).
+	rounds writeRounds
 	// admitted are the steps that took concurrency slots this turn
 	// (workflow.go); they are given back if the writes do not land.
 	admitted []int
@@ -483,8 +484,9 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
 		}
 	}
-	w.writeRound(ctx, order, 1)
-	w.writeRound(ctx, order, 2)
+	for r := range len(writeRounds{}.writes) {
+		w.writeRound(ctx, order, r)
+	}
 	w.publish(ctx, order)
 	for _, jt := range order {
 		w.finish(jt)
@@ -492,7 +494,8 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 	w.trimCache()
 }
 
-// writeRound writes round 1 or 2 of every job still going, pipelined.
+// writeRound writes round r of every job still going, pipelined: a job
+// with a write that failed in an earlier round writes nothing more.
 func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
 	b := w.s.store.Batch()
 	type ref struct {
@@ -504,10 +507,7 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
 		if jt.err != nil {
 			continue
 		}
-		ws, idx := jt.w1, jt.i1
-		if round == 2 {
-			ws, idx = jt.w2, jt.i2
-		}
+		ws, idx := jt.rounds.writes[round], jt.rounds.idx[round]
 		for k, wr := range ws {
 			b.Add(wr)
 			refs = append(refs, ref{jt, idx[k]})
