@@ -110,7 +110,9 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 	if w.startCompensation(jt, now) {
 		w.dispatch(jt, now)
 	}
-	if !js.settleExpiry() {
+	if js.open == 0 && js.createsSteps() {
+		jt.more = true // it ends in the next turn, after its records exist
+	} else if !js.settleExpiry() {
 		jt.more = true // its records' TTL goes on in a later turn; the job ends then
 	} else if js.settle(now) {
 		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {

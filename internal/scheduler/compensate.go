@@ -80,7 +80,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	}
 	js.index(now)
 	for i := j.ForwardSteps; i < len(js.steps); i++ {
-		js.markDerived(i) // after the failure that started it
+		js.markGuarded(i) // after the job record that starts the compensation
 	}
 	w.log.Warn().Str(logging.FieldJob, j.ID).Strs("undo", order).Str("error", j.Error).Msg("job failed; compensating")
 	ev := protocol.Event{Kind: protocol.EventJobCompensating, ID: j.ID, JobID: j.ID, Reason: js.failure(),

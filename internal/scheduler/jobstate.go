@@ -39,9 +39,10 @@ type jobState struct {
 	blockedAgent bool
 	// strays are the revisions of step records the spec does not name:
 	// compensation steps whose records landed while the job record that
-	// adds them to the spec did not (its write is the second round).
-	// startCompensation writes over them rather than creating them again,
-	// which failed with "exists" on every reload: the job never moved.
+	// adds them to the spec did not (written by versions that created
+	// them before that job record: writeRound). startCompensation writes
+	// over them rather than creating them again, which failed with
+	// "exists" on every reload: the job never moved.
 	strays map[string]uint64
 
 	// expiring[i] says step i's record carries the retention TTL (as read,
@@ -52,10 +53,10 @@ type jobState struct {
 
 	dirtyJob   bool
 	dirtySteps map[int]bool
-	// derived marks the dirty steps whose change another step's caused
-	// (a skip, an undo step's creation): they are written after the
-	// others (writes).
-	derived map[int]bool
+	// rounds holds the write round of the steps not written in the first
+	// (writes): what another step's change caused, what the job record's
+	// write guards. Cleared with the dirty marks.
+	rounds map[int]writeRound
 	// used is the worker turn that last used the state (cache eviction).
 	used uint64
 }
@@ -67,7 +68,7 @@ type jobState struct {
 func newJobState(snap *jobstore.Snapshot, now time.Time, reopen bool) (*jobState, error) {
 	j := snap.Job
 	js := &jobState{job: j, jobRev: snap.JobRev, byID: make(map[string]int, len(j.Spec.Steps)),
-		dirtySteps: map[int]bool{}, derived: map[int]bool{}}
+		dirtySteps: map[int]bool{}, rounds: map[int]writeRound{}}
 	have := make(map[string]*jobstore.Step, len(snap.Steps))
 	for _, st := range snap.Steps {
 		have[st.ID] = st
@@ -200,9 +201,40 @@ func (js *jobState) markStep(i int) {
 // caused: it is written after that one has landed (writes).
 func (js *jobState) markDerived(i int) {
 	js.markStep(i)
-	if !js.job.Inline {
-		js.derived[i] = true
+	js.writeIn(i, roundDerived)
+}
+
+// markGuarded marks step i, created in this turn, dirty: it is written
+// after the job record that names it (writes).
+func (js *jobState) markGuarded(i int) {
+	js.markStep(i)
+	js.writeIn(i, roundGuarded)
+}
+
+// writeIn says step i's write of this turn, if it has one, goes in round
+// r or a later one.
+func (js *jobState) writeIn(i int, r writeRound) {
+	if !js.job.Inline && js.rounds[i] < r {
+		js.rounds[i] = r
 	}
+}
+
+// createsSteps says the turn creates step records (a new job's, a
+// compensation's): the job cannot end in it, since its terminal record
+// would land ahead of them (writes); it ends in the next turn.
+func (js *jobState) createsSteps() bool {
+	if js.job.Inline || len(js.dirtySteps) == 0 {
+		return false
+	}
+	if js.jobRev == 0 {
+		return true
+	}
+	for i := range js.dirtySteps {
+		if js.rounds[i] == roundGuarded {
+			return true
+		}
+	}
+	return false
 }
 
 // stepEnded updates the bookkeeping after step i reached a terminal state
@@ -214,6 +246,9 @@ func (js *jobState) stepEnded(i int, now time.Time) {
 			js.waitingOn[d]--
 			if js.waitingOn[d] == 0 && js.steps[d].State == jobstore.StepPending {
 				js.ready = append(js.ready, d)
+				// Its dispatch in this turn waits for this success to land:
+				// judged on a stale copy, the success may lose its write.
+				js.writeIn(d, roundDerived)
 			}
 		}
 		return
@@ -378,29 +413,42 @@ func (js *jobState) anyStarted() bool {
 	return false
 }
 
-// writeRounds are a turn's writes of one job in the rounds they land in:
-// a round is written only once the one before it has landed in full.
-// idx names what each write is: a step's index, or -1 for the job record.
+// writeRound is when a write of a turn lands: a round is written only
+// once every write of the one before it has landed.
+type writeRound int
+
+const (
+	// roundOwn: the steps' own changes (a result applied, a dispatch).
+	roundOwn writeRound = iota
+	// roundDerived: what they caused (dependents skipped, or dispatched
+	// after a success). When a cause's compare-and-set loses (the cached
+	// copy was stale: the step moved on elsewhere), its effects are not
+	// written at all: written beside it, they landed without it, and a
+	// skipped dependent went back to pending when the job was read again
+	// (or ran while its dependency was still running).
+	roundDerived
+	// roundJob: the job record. Its terminal record is the completion
+	// signal, so it never runs ahead of its steps'.
+	roundJob
+	// roundGuarded: step records created in the turn (a new job's, a
+	// compensation's undo steps), after the job record that names them:
+	// it is their idempotency guard. Without it, an undo step created
+	// for a compensation whose job record lost its write was dispatched
+	// and ran for a job that never compensated.
+	roundGuarded
+	nRounds
+)
+
+// writeRounds are a turn's writes of one job, by round. idx names what
+// each write is: a step's index, or -1 for the job record.
 type writeRounds struct {
-	writes [3][]jobstore.Write
-	idx    [3][]int
+	writes [nRounds][]jobstore.Write
+	idx    [nRounds][]int
 }
 
-// writes returns the records to write for what changed, in rounds, and
-// clears the dirty marks.
-//   - A new job's record is created before its step records: it is the
-//     idempotency guard.
-//   - The changes a step's own change caused (its dependents skipped, the
-//     undo steps of a compensation) are written after it. When its
-//     compare-and-set loses (the cached copy was stale: the step moved on
-//     elsewhere), they are not written at all: written beside it, they
-//     landed without their cause, and a skipped dependent went back to
-//     pending when the job was read again.
-//   - A job's record is written after its steps' (its terminal record is
-//     the completion signal, so it never runs ahead of them).
-//
-// A step whose record carries the retention TTL is written with it
-// (settleExpiry).
+// writes returns the records to write for what changed, by round
+// (writeRound), and clears the dirty marks. A step whose record carries
+// the retention TTL is written with it (settleExpiry).
 func (js *jobState) writes(st *jobstore.Store) writeRounds {
 	var r writeRounds
 	if !js.job.Inline {
@@ -409,30 +457,22 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 			if js.expiring[i] {
 				w = st.EndedStepWrite(js.steps[i], js.revs[i])
 			}
-			k := 0
-			if js.derived[i] {
-				k = 1
+			k := js.rounds[i]
+			if js.jobRev == 0 {
+				k = roundGuarded // a new job: every step is created
 			}
 			r.writes[k] = append(r.writes[k], w)
 			r.idx[k] = append(r.idx[k], i)
 		}
 	}
 	clear(js.dirtySteps)
-	clear(js.derived)
+	clear(js.rounds)
 	if js.dirtyJob {
 		if js.job.Inline {
 			js.job.Steps = js.steps
 		}
-		w := st.JobWrite(js.job, js.jobRev)
+		r.writes[roundJob], r.idx[roundJob] = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}, []int{-1}
 		js.dirtyJob = false
-		if js.jobRev == 0 {
-			// Created first; its steps are all new, none caused by another.
-			return writeRounds{
-				writes: [3][]jobstore.Write{{w}, slices.Concat(r.writes[0], r.writes[1])},
-				idx:    [3][]int{{-1}, slices.Concat(r.idx[0], r.idx[1])},
-			}
-		}
-		r.writes[2], r.idx[2] = []jobstore.Write{w}, []int{-1}
 	}
 	return r
 }

@@ -484,7 +484,7 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
 		}
 	}
-	for r := range len(writeRounds{}.writes) {
+	for r := range nRounds {
 		w.writeRound(ctx, order, r)
 	}
 	w.publish(ctx, order)
@@ -496,7 +496,7 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 
 // writeRound writes round r of every job still going, pipelined: a job
 // with a write that failed in an earlier round writes nothing more.
-func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round int) {
+func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round writeRound) {
 	b := w.s.store.Batch()
 	type ref struct {
 		jt  *jobTurn
