@@ -118,7 +118,7 @@ func (w *worker) prepare(ctx context.Context, jt *jobTurn, now time.Time) {
 		if st := js.job.State; st == jobstore.JobCompensated || st == jobstore.JobCompensationFailed {
 			ev := protocol.Event{Kind: protocol.EventJobCompensationEnded, ID: js.job.ID, JobID: js.job.ID,
 				Reason: js.job.Error, Data: map[string]string{"state": string(st)}}
-			jt.events = append(jt.events, outEvent{Event: ev, dedup: "end"})
+			jt.events = append(jt.events, outEvent{Event: ev, dedup: "end", write: -1})
 		}
 		jt.finished = true
 		state := string(js.job.State)

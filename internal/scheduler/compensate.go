@@ -85,7 +85,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 	w.log.Warn().Str(logging.FieldJob, j.ID).Strs("undo", order).Str("error", j.Error).Msg("job failed; compensating")
 	ev := protocol.Event{Kind: protocol.EventJobCompensating, ID: j.ID, JobID: j.ID, Reason: js.failure(),
 		Data: map[string]string{"plan": strings.Join(order, ",")}}
-	jt.events = append(jt.events, outEvent{Event: ev, dedup: "start"})
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: "start", write: -1})
 	return true
 }
 

@@ -353,6 +353,6 @@ func (w *worker) endUnrun(jt *jobTurn, i int, now time.Time, end func(*jobstore.
 	jt.js.stepEnded(i, now)
 	if kind != "" {
 		ev := protocol.Event{Kind: kind, ID: st.JobID, JobID: st.JobID, StepID: st.ID, Reason: st.LastError, Data: data}
-		jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID})
+		jt.events = append(jt.events, outEvent{Event: ev, dedup: st.ID, write: i})
 	}
 }

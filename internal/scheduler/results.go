@@ -128,7 +128,7 @@ func decodeLenient(data []byte, r *protocol.Result) (ignored []string, err error
 // not decode (decodeResult): an event naming the step and the agent, so
 // that the agent's author learns of it (once: its dedup id is the result
 // message's, however often a lost compare-and-set applies it again).
-func (w *worker) ignoredFields(jt *jobTurn, k int, r *protocol.Result, ignored []string) {
+func (w *worker) ignoredFields(jt *jobTurn, k, i int, r *protocol.Result, ignored []string) {
 	if len(ignored) == 0 {
 		return
 	}
@@ -141,7 +141,7 @@ func (w *worker) ignoredFields(jt *jobTurn, k int, r *protocol.Result, ignored [
 	ev := protocol.Event{Kind: protocol.EventResultFieldsIgnored, ID: r.JobID, JobID: r.JobID, StepID: r.StepID, Agent: r.Agent,
 		Reason: "applied without fields that did not decode: " + strings.Join(ignored, "; "),
 		Data:   map[string]string{"fields": strings.Join(names, ","), "epoch": strconv.FormatUint(r.Epoch, 10)}}
-	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(jt.inputs[k].msg)})
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(jt.inputs[k].msg), write: i})
 }
 
 // tooLargeKeepBytes is how large a result of a turn whose write was too
@@ -212,7 +212,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 			StepID: r.StepID, Agent: r.Agent, Reason: fmt.Sprintf("%v: step is %s at epoch %d, result is for epoch %d",
 				jobstore.ErrStale, st.State, st.Epoch, r.Epoch),
 			Data: map[string]string{"result_epoch": strconv.FormatUint(r.Epoch, 10), "step_epoch": strconv.FormatUint(st.Epoch, 10)}}
-		jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
+		jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg), write: noWrite})
 		return
 	}
 	if r.Agent != st.Actor || r.Pool != st.Pool {
@@ -269,7 +269,7 @@ func (w *worker) applyResult(jt *jobTurn, k int, now time.Time) {
 		}
 	}
 	js.markStep(i)
-	w.ignoredFields(jt, k, r, ignored)
+	w.ignoredFields(jt, k, i, r, ignored)
 	status := r.Status
 	jt.count(i, Metrics.ResultApplied, status)
 	// The agent has a free slot again, whatever its last heartbeat says:
@@ -326,7 +326,7 @@ func (s *Scheduler) rejectResult(jt *jobTurn, k int, reason string, err error, r
 		}
 	}
 	s.log.Warn().Str(logging.FieldJob, id).Str("reason", reason).Err(err).Str("subject", in.msg.Subject()).Msg("result rejected")
-	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg)})
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: msgSeq(in.msg), write: noWrite})
 	jt.settle[k].term = "result rejected: " + reason
 }
 

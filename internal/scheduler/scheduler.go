@@ -341,8 +341,13 @@ func (s *Scheduler) eventMsg(e outEvent) (*nats.Msg, error) {
 	return m, nil
 }
 
-// outEvent is an event to publish with its dedup key.
+// outEvent is an event to publish with its dedup key. write is the record
+// whose change it reports, as in count: it is published if that write
+// landed, even when another write of the turn lost (the retry finds the
+// change made and would not report it); noWrite, if the turn's writes
+// all landed.
 type outEvent struct {
 	protocol.Event
 	dedup string
+	write int
 }

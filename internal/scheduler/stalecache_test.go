@@ -340,3 +340,47 @@ func TestJobEndingAtItsCreationEndsAfterItsSteps(t *testing.T) {
 		return
 	}
 }
+
+// An event reports a write that landed even when a later write of the
+// same turn did not: the retry finds the change made and does not report
+// it again. Here the job record that starts a compensation lands and the
+// undo step's creation does not (a record of it is there already, which
+// the scheduler's copy does not know): job_compensating was never sent.
+func TestEventOfAWriteThatLandedIsSentWhenALaterOneLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	ctx := context.Background()
+	now := time.Now().UTC()
+	const id = "job-event-kept"
+	sp := spec.Job{Name: "event-kept", Steps: []spec.Step{
+		{ID: "a", Action: "noop", Compensate: &spec.Compensation{Action: "noop"}}, {ID: "x", Action: "noop"}}}
+	storeRunningJob(t, b.store, id, sp, now)
+	b.publish(t, agentResult(id, "a", now)) // the scheduler reads the job and keeps it
+	natstest.Eventually(t, 10*time.Second, "a succeeded", func() bool {
+		st, _, err := b.store.Step(ctx, id, "a")
+		return err == nil && st.State == jobstore.StepSucceeded
+	})
+	undo, _ := sp.Steps[0].CompensationStep()
+	recs, err := jobstore.NewSteps(id, spec.Job{Steps: []spec.Step{undo}}, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.CreateStep(ctx, recs[0]); err != nil {
+		t.Fatal(err)
+	}
+	failed := agentResult(id, "x", now)
+	r := protocol.Result{JobID: id, StepID: "x", Epoch: 1, Agent: "agent-1", Status: protocol.ResultFailed,
+		Error: "boom", ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
+	failed.Data, _ = json.Marshal(r)
+	b.publish(t, failed)
+	b.waitJob(t, id, jobstore.JobCompensating)
+	natstest.Eventually(t, 10*time.Second, "a job_compensating event", func() bool {
+		s, err := b.js.Stream(ctx, protocol.StreamEvents)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.EventSubject(protocol.EventJobCompensating, id)))
+		return err == nil && info.State.Msgs == 1
+	})
+}

@@ -110,7 +110,7 @@ func (s *Scheduler) rejectSubmission(jt *jobTurn, k int, err error) {
 	if md, merr := in.msg.Metadata(); merr == nil {
 		ev.Data["stream_seq"] = strconv.FormatUint(md.Sequence.Stream, 10)
 	}
-	jt.events = append(jt.events, outEvent{Event: ev, dedup: ev.Data["stream_seq"]})
+	jt.events = append(jt.events, outEvent{Event: ev, dedup: ev.Data["stream_seq"], write: noWrite})
 	s.replyTo(jt, in, protocol.SubmitReply{JobID: clipID(in.job), Error: err.Error()})
 	jt.settle[k].term = "rejected: " + reason
 }

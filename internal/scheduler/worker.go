@@ -397,15 +397,20 @@ func (jt *jobTurn) count(write int, inc func(Metrics, string), label string) {
 // landed), or those whose record landed.
 func (w *worker) countLanded(jt *jobTurn, all bool) {
 	for _, c := range jt.counts {
-		wr := c.write
-		if wr >= 0 && jt.js != nil && jt.js.job.Inline {
-			wr = -1 // an inline job's steps are in its record
-		}
-		if all || (wr != noWrite && jt.landed[wr]) {
+		if all || jt.wrote(c.write) {
 			c.inc(w.s.metrics, c.label)
 		}
 	}
 	jt.counts = nil
+}
+
+// wrote says the turn's write of a record landed: a step's index, -1 the
+// job record; noWrite never.
+func (jt *jobTurn) wrote(write int) bool {
+	if write >= 0 && jt.js != nil && jt.js.job.Inline {
+		write = -1 // an inline job's steps are in its record
+	}
+	return write != noWrite && jt.landed[write]
 }
 
 type settlement struct {
@@ -576,11 +581,7 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 		// A step whose dispatch landed gets its task even if another write
 		// of the turn lost a race: otherwise it would wait for its lease.
 		for _, t := range jt.tasks {
-			landed := jt.landed[t.idx]
-			if jt.js.job.Inline {
-				landed = jt.landed[-1]
-			}
-			if !landed && !t.republish {
+			if !jt.wrote(t.idx) && !t.republish {
 				continue
 			}
 			m := t.msg
@@ -592,10 +593,10 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 			}
 			futs = append(futs, pending{jt, f, m, true})
 		}
-		if jt.err != nil {
-			continue
-		}
 		for _, e := range jt.events {
+			if jt.err != nil && !jt.wrote(e.write) {
+				continue // the retry reports it
+			}
 			m, err := w.s.eventMsg(e)
 			if err != nil {
 				continue
