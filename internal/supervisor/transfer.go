@@ -378,16 +378,6 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 			x.dead.dropTask(ctx, raw)
 			return nil
 		}
-		if cw, err := cancelWanted(ctx, x.store, st); err != nil || cw {
-			if err == nil && st.State == jobstore.StepDispatched {
-				_, err = x.release.release(ctx, st.JobID, st.ID, cause{status: statusTransferred, reason: why, agent: st.Actor, epoch: st.Epoch})
-				x.adv.AdvanceOrRetry(ctx, st.JobID)
-			}
-			if err == nil {
-				x.dead.withdraw(ctx, sent, st, parkedLetter{})
-			}
-			return err
-		}
 		if w.judged.state == "" {
 			w.judged = judgement{state: st.State, epoch: st.Epoch}
 		}
@@ -398,6 +388,22 @@ func (x *transfers) giveUp(ctx context.Context, w *transferWatch, member string,
 			x.log.Info().Str(logging.FieldJob, w.job).Str(logging.FieldStep, w.step).Str("state", string(st.State)).
 				Uint64(logging.FieldEpoch, st.Epoch).Msg("transferred step moved on before its give-up: judged again")
 			return errMovedOn
+		}
+		// Judged first: a dispatch made since, which its member may be
+		// running, is not ended here; the cancel reaches it as any
+		// running step's does.
+		if cw, err := cancelWanted(ctx, x.store, st); err != nil || cw {
+			if err == nil && st.State == jobstore.StepDispatched {
+				_, err = x.release.release(ctx, st.JobID, st.ID, cause{status: statusTransferred, reason: why, agent: st.Actor, epoch: st.Epoch})
+				x.adv.AdvanceOrRetry(ctx, st.JobID)
+			}
+			if err == nil {
+				x.dead.withdraw(ctx, sent, st, parkedLetter{})
+				// Left queued, a member back before the task's deadline
+				// ran it after its job had ended cancelled.
+				x.dead.dropTask(ctx, raw)
+			}
+			return err
 		}
 		if st.State == jobstore.StepDispatched && (raw == nil || raw.Header.Get(protocol.HeaderEpoch) != strconv.FormatUint(st.Epoch, 10)) {
 			raw = nil // the task read is not this dispatch's; the letter is rebuilt from the record

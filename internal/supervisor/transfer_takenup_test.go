@@ -262,3 +262,39 @@ func TestTransferGiveUpBoundToTheDispatchJudged(t *testing.T) {
 		t.Fatal("the step dispatched again is no longer watched")
 	}
 }
+
+// A give-up on a job being cancelled ends the step cancelled, and its task
+// goes from the member's queue as every other give-up's does: left there,
+// a member back before the task's deadline ran it after its job had ended
+// cancelled.
+//
+// Old code: the task was still queued.
+func TestTransferGiveUpOfACancelledJobDropsItsTask(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newTransferBundle(t)
+	queue, seq := b.dispatched(t, "job-gc", "a3") // epoch 1, never delivered: not taken up
+	j, rev, err := b.store.Job(ctx, "job-gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Desired = jobstore.JobCancelled
+	if _, err := b.store.UpdateJob(ctx, j, rev); err != nil {
+		t.Fatal(err)
+	}
+	w := &transferWatch{transferNote: transferNote{job: "job-gc", step: "s", cluster: "c1", from: "default.a0"},
+		policy: cluster.TransferPolicy{Timeout: time.Second, MaxRetries: 1}, retries: 1}
+	if _, err := b.x.judge(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := b.store.Step(ctx, "job-gc", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != jobstore.StepCancelled {
+		t.Fatalf("step %s (%s), want cancelled", st.State, st.LastError)
+	}
+	if !taskGone(t, queue, seq) {
+		t.Fatal("the cancelled step's task is still in its member's queue")
+	}
+}
