@@ -80,7 +80,7 @@ func (a *app) jobOpsCommands() []*cobra.Command {
 	cancel.Flags().BoolVar(&noWait, "no-wait", false, "return once the cancel is recorded, without waiting for the job to end")
 	cancel.Flags().BoolVar(&compensate, "compensate", false, "then undo the steps that succeeded (their compensate: actions, in reverse dependency order); the job ends compensated or compensation_failed")
 	retry := &cobra.Command{
-		Use: "retry ID", Short: "Retry a finished job's failed, dead-lettered, cancelled and expired steps with a fresh attempt budget", Args: exactArgs(1),
+		Use: "retry ID", Short: "Retry a job's failed, dead-lettered, cancelled and expired steps with a fresh attempt budget", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.withOps(cmd.Context(), func(ctx context.Context, o *ops.Ops) error {
 				steps, err := o.RetryJob(ctx, args[0])

@@ -110,7 +110,7 @@ func reopen(ctx context.Context, store *jobstore.Store, r reopenRequest, now tim
 			return done, err
 		}
 		job := snap.Job
-		if err := refuse(job, r, len(done) > 0); err != nil {
+		if err := refuse(job, r); err != nil {
 			return done, err
 		}
 		targets, stranded, err := pick(snap, r, done)
@@ -259,10 +259,12 @@ func reopenJobRecord(ctx context.Context, store *jobstore.Store, snap *jobstore.
 // planned once per job, so a reopened forward step would run beside the
 // undo, compensation_failed, or end the job succeeded with its work
 // undone, compensated: such a job is submitted again instead); it is
-// being cancelled, or, for a dead-letter retry, was cancelled; or, for a
-// job retry, it has not ended (again is true once this call reopened
-// steps: a scheduler may have reopened the job meanwhile).
-func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
+// being cancelled, or, for a dead-letter retry, was cancelled. A job retry
+// of a job that has not ended is refused by pick, only when none of its
+// steps failed: a retry that failed part-way leaves the job running with
+// steps still failed, and was refused when tried again ("only a finished
+// job can be retried") while those steps failed the job once more.
+func refuse(job *jobstore.Job, r reopenRequest) error {
 	// A job that timed out is being cancelled while its steps stop; once
 	// it has ended (failed) its dead letters may be retried as any failed
 	// job's.
@@ -274,8 +276,6 @@ func refuse(job *jobstore.Job, r reopenRequest, again bool) error {
 			ErrWrongState, job.ID, job.State)
 	case cancelled && (!job.State.Terminal() || r.keepCancel):
 		return &JobCancelledError{Job: job.ID, Step: r.step, State: job.State}
-	case r.step == "" && !again && !job.State.Terminal():
-		return fmt.Errorf("%w: job %s is %s: only a finished job can be retried", ErrWrongState, job.ID, job.State)
 	}
 	return nil
 }
@@ -318,6 +318,9 @@ func pick(snap *jobstore.Snapshot, r reopenRequest, done []string) (targets, str
 		}
 	}
 	if len(targets) == 0 && len(stranded) == 0 && len(done) == 0 {
+		if !job.State.Terminal() {
+			return nil, nil, fmt.Errorf("%w: job %s is %s and none of its steps has failed: only a finished job, or one with failed, dead-lettered, cancelled or expired steps, can be retried", ErrWrongState, job.ID, job.State)
+		}
 		return nil, nil, fmt.Errorf("%w: job %s has no failed, dead-lettered, cancelled or expired step to retry", ErrWrongState, r.job)
 	}
 	return targets, stranded, nil

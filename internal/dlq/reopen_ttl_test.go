@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,5 +92,83 @@ func TestAFailedReopenKeepsTheRetentionOfTheEndedSteps(t *testing.T) {
 			t.Errorf("step %s (%s): record at revision %d (was %d), TTL %v: want it untouched, with its retention",
 				st.ID, st.State, after.Revs[st.ID], before.Revs[st.ID], after.Expiring[st.ID])
 		}
+	}
+}
+
+// A job retry that failed part-way leaves the job running with a step
+// still failed; the retry tried again retries that step. It was refused
+// ("only a finished job can be retried"), and the job failed again on the
+// step the operator had asked to run.
+func TestAJobRetryThatFailedPartWayCanBeRetried(t *testing.T) {
+	t.Parallel()
+	const maxPayload = 64 << 10
+	srv := natstest.NewLimited(t, maxPayload)
+	_, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := jobstore.Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "job-partial"
+	now := time.Now().UTC()
+	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
+	job := jobstore.NewJob(id, sp, now)
+	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, "step a failed", now
+	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		st.State, st.Desired, st.UpdatedAt, st.LastError = jobstore.StepFailed, jobstore.StepSucceeded, now, "x"
+	}
+	// b's record is one the reopen grows past the max payload (by the
+	// last error's prefix): its write fails, a's lands.
+	fb := steps[1]
+	payload := func(m *nats.Msg) int { return m.Size() - len(m.Subject) - len(m.Reply) }
+	fb.LastError = strings.Repeat("x", 1+maxPayload-4-payload(store.StepWrite(fb, 0).Msg))
+	if _, err := store.CreateJob(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatalf("write step %s: %v", st.ID, err)
+		}
+	}
+	done, err := dlq.RetryJob(ctx, store, id, now)
+	if !errors.Is(err, nats.ErrMaxPayload) || !slices.Equal(done, []string{"a"}) {
+		t.Fatalf("first retry: reopened %v, %v; want a, then %v", done, err, nats.ErrMaxPayload)
+	}
+	snap, err := store.Load(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Job.State.Terminal() {
+		t.Fatalf("job %s after a retry that reopened a step, want it running", snap.Job.State)
+	}
+	// Tried again, the retry takes b on (and fails on it again here: its
+	// record cannot grow), rather than refusing the job as unfinished.
+	done, err = dlq.RetryJob(ctx, store, id, now)
+	if !errors.Is(err, nats.ErrMaxPayload) {
+		t.Fatalf("second retry: reopened %v, %v; want b tried again (%v)", done, err, nats.ErrMaxPayload)
+	}
+	// A running job none of whose steps failed is still refused.
+	ok := jobstore.NewJob("job-running", sp, now)
+	ok.State = jobstore.JobRunning
+	if _, err := store.CreateJob(ctx, ok); err != nil {
+		t.Fatal(err)
+	}
+	okSteps, err := jobstore.NewSteps("job-running", sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range okSteps {
+		if _, err := store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := dlq.RetryJob(ctx, store, "job-running", now); !errors.Is(err, dlq.ErrWrongState) {
+		t.Fatalf("retry of a running job with nothing failed: %v, want %v", err, dlq.ErrWrongState)
 	}
 }

@@ -127,11 +127,11 @@ func (e *WaitError) Error() string {
 
 func (e *WaitError) Unwrap() error { return e.Err }
 
-// RetryJob reopens a finished job's failed, dead-lettered, cancelled and expired
+// RetryJob reopens a job's failed, dead-lettered, cancelled and expired
 // steps with a fresh attempt budget (and the steps skipped because of them),
 // and asks a scheduler to run them. It is the explicit way to run a
 // cancelled job again (a dead-letter retry refuses to); a job being
-// cancelled, or not finished, is refused. All the steps are reopened in
+// cancelled, or not finished with none of its steps failed, is refused. All the steps are reopened in
 // one pass (dlq.RetryJob: each record read once and written at most
 // once, pipelined). A retry that fails part-way returns a
 // *PartialRetryError naming the steps it did reopen, and has asked for
