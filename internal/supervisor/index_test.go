@@ -6,6 +6,10 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 func rec(key, state string, written, locked time.Time) Record {
@@ -337,5 +341,30 @@ func TestIndexRecheckOfAPastLeaseWaitsTheBackoff(t *testing.T) {
 	x.Recheck(due[0], now)
 	if next, _ := x.Next(); !next.Equal(now.Add(time.Second)) {
 		t.Fatalf("next due %v after the recheck, want the backoff (grace/8 = 1s)", next.Sub(now))
+	}
+}
+
+// A scheduler that answers an ask with not_found has no record of the
+// job: a step record outlived it (a compensation's stray of an older
+// version, a job record purged by hand). The entry is asked about again
+// on the answered ask's backoff, as any answered one is; retried after
+// recovery_retry (1 s), it was asked about every second for ever.
+func TestRecoveryAsksAboutAJobNoSchedulerKnowsOnTheBackoff(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(10_000, 0)
+	const grace = 30 * time.Second
+	x := NewIndex(grace)
+	x.Observe(rec("step.gone.s", "pending", t0, time.Time{}))
+	due := x.PopDue(t0.Add(grace))
+	if len(due) != 1 {
+		t.Fatalf("due at the grace: %+v", due)
+	}
+	r := &recovery{retry: time.Second, log: zerolog.Nop(), term: &term{now: func() time.Time { return t0.Add(grace) }}}
+	notFound := fmt.Errorf("%w: job gone: scheduler answered: %w", ErrAdvanceFailed,
+		protocol.NewReplyError(protocol.CodeNotFound, "unknown job"))
+	r.settle(x, []outcome{{d: due[0], err: notFound}})
+	next, ok := x.Next()
+	if want := t0.Add(grace + grace/recheckDivisor); !ok || !next.Equal(want) {
+		t.Fatalf("asked about again at %v (scheduled %v), want %v: the answered ask's backoff", next.Sub(t0), ok, want.Sub(t0))
 	}
 }

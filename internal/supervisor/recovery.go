@@ -10,6 +10,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/logging"
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // recovery keeps the index of inconsistent steps and jobs from a watch of
@@ -118,6 +119,13 @@ func (r *recovery) settle(idx *Index, handled []outcome) {
 	now := r.term.now()
 	for _, o := range handled {
 		switch {
+		case errors.Is(o.err, protocol.ErrNotFound):
+			// Answered: no scheduler has the job's record. A step record
+			// outlived it (a compensation's stray of an older version, a
+			// job record purged by hand); asked about again on the backoff
+			// of any answered ask, not every recovery_retry for ever.
+			r.log.Debug().Err(o.err).Str("key", o.d.Key).Msg("recovery: the job has no record")
+			idx.Recheck(o.d, now)
 		case o.err != nil:
 			r.log.Debug().Err(o.err).Str("key", o.d.Key).Msg("recovery deferred")
 			idx.Retry(o.d, now.Add(r.retry))
