@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -559,4 +560,48 @@ func (p *parts) countAdvances(t *testing.T) *atomic.Int32 {
 		t.Fatal(err)
 	}
 	return &asked
+}
+
+// A failover that stops part-way (a task's delete fails: the leadership
+// was lost, the server went away) has released some steps already; their
+// jobs are asked to advance at once. It returned before asking, and the
+// failover tried again found those steps pending, none of its doing, and
+// asked nothing either: they waited for the recovery grace (30 s).
+func TestFailoverStoppedPartWayAsksForWhatItMoved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newParts(t)
+	p.dispatched(t, "job-1", "a1")
+	p.dispatched(t, "job-2", "a1")
+	var mu sync.Mutex
+	var asked []string
+	sub, err := p.nc.Subscribe(protocol.SubjectControlAdvance, func(m *nats.Msg) {
+		mu.Lock()
+		asked = append(asked, string(m.Data))
+		mu.Unlock()
+		_ = m.Respond(protocol.OKReply(""))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := p.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var deletes atomic.Int32
+	p.hooked().hook = func() bool {
+		return inTermCall("deleteMsg") && deletes.Add(1) == 2 // the second task's delete
+	}
+	if _, err := p.fo.transfer(ctx, "default", "a1", "departed:x"); err == nil {
+		t.Fatal("the failover went through a failed delete")
+	}
+	st, _, err := p.store.Step(ctx, "job-1", "s")
+	if err != nil || st.State != jobstore.StepPending {
+		t.Fatalf("job-1's step after the stopped failover: %+v, %v; want released", st, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Contains(asked, "job-1") {
+		t.Fatalf("advance asks %v: job-1, whose step the failover released, was not asked for", asked)
+	}
 }

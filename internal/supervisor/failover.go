@@ -118,6 +118,12 @@ func (f *failover) move(ctx context.Context, pool, agent, trigger string, how de
 	}
 	moved, err := f.drainQueue(ctx, q, how, &rec)
 	if err != nil {
+		// Stopped part-way: the steps released so far run now, not after
+		// the recovery grace. The failover tried again finds them pending,
+		// none of its doing, and does not ask for them.
+		for job := range moved {
+			f.adv.AdvanceOrRetry(ctx, job)
+		}
 		return rec, err
 	}
 	f.settle(ctx, moved, &rec)
@@ -135,8 +141,8 @@ func failoverID(pool, agent, trigger string) string {
 
 // drainQueue releases the step of every task in q and deletes the task;
 // it returns the steps released, by job (a job with no step is one whose
-// step was parked or cancelled: it must move on too). how says how q's
-// agent left (see transfer).
+// step was parked or cancelled: it must move on too), on an error too.
+// how says how q's agent left (see transfer).
 func (f *failover) drainQueue(ctx context.Context, q queue, how departure, rec *FailoverRecord) (map[string][]string, error) {
 	stream, err := f.js.Stream(ctx, q.stream)
 	if err != nil {
@@ -156,17 +162,17 @@ func (f *failover) drainQueue(ctx context.Context, q queue, how departure, rec *
 			return moved, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read queue of %s: %w", q.agent, err)
+			return moved, fmt.Errorf("read queue of %s: %w", q.agent, err)
 		}
 		seq = raw.Sequence + 1
 		if raw.Subject != q.subject {
 			continue // never: the read is filtered on the agent's own subject
 		}
 		if err := f.transferTask(ctx, q, raw, how, raw.Sequence <= delivered, moved, rec); err != nil {
-			return nil, err
+			return moved, err
 		}
 		if err := f.term.deleteMsg(ctx, stream, raw.Sequence); err != nil {
-			return nil, fmt.Errorf("delete transferred task: %w", err)
+			return moved, fmt.Errorf("delete transferred task: %w", err)
 		}
 	}
 }
