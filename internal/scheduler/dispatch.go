@@ -242,13 +242,13 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 // stop (they end cancelled with their result, or when their lease ends).
 func (w *worker) cancel(jt *jobTurn, now time.Time) {
 	js := jt.js
-	signal := false
+	asked := false // an advance request: every running step is told again
 	why := protocol.ErrorCancelled + " by an operator"
 	if js.job.TimedOut {
 		why = protocol.ErrorCancelled + ": " + js.job.TimeoutError()
 	}
 	for _, in := range jt.inputs {
-		signal = signal || in.kind == inAdvance
+		asked = asked || in.kind == inAdvance
 	}
 	for i, st := range js.steps {
 		switch st.State {
@@ -268,14 +268,15 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 			// cancelled dependent is right whatever became of the step.
 			js.open--
 		case jobstore.StepDispatched:
+			write := noWrite
 			if st.Desired != jobstore.StepCancelled {
 				st.Desired, st.UpdatedAt = jobstore.StepCancelled, now
 				js.markStep(i)
-				signal = true
+				write = i
 			}
-			if signal {
+			if asked || write == i {
 				b, _ := json.Marshal(protocol.Control{Op: protocol.ControlCancel, JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch})
-				jt.controls = append(jt.controls, control{subject: protocol.AgentControlSubject(st.Pool, st.Actor), body: b})
+				jt.controls = append(jt.controls, control{subject: protocol.AgentControlSubject(st.Pool, st.Actor), body: b, write: write})
 			}
 		}
 	}

@@ -417,9 +417,15 @@ type settlement struct {
 	term string // non-empty: terminate the message with this reason
 }
 
+// control is an order to an agent. write is the step record whose change
+// it carries out, as in count: sent if that write landed, even when
+// another write of the turn lost (the retry finds the step's desired
+// state written and does not send it again); noWrite, if the turn's
+// writes all landed.
 type control struct {
 	subject string
 	body    []byte
+	write   int
 }
 
 type reply struct {
@@ -627,13 +633,16 @@ func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 		}
 	}
 	for _, jt := range order {
-		if jt.err != nil {
-			continue
-		}
 		for _, c := range jt.controls {
+			if jt.err != nil && !jt.wrote(c.write) {
+				continue // the retry sends it
+			}
 			// An order, not a request: the agent's confirmation is its
 			// result (cancelled); if none comes, the lease ends the step.
 			_ = w.s.nc.Publish(c.subject, c.body)
+		}
+		if jt.err != nil {
+			continue
 		}
 		for _, r := range jt.replies {
 			_ = w.s.nc.Publish(r.to, r.body)
