@@ -219,7 +219,7 @@ func (s *Scheduler) newJobState(id string, sp *spec.Job, now time.Time) (*jobSta
 // completeJobState fills in the step records a dead scheduler did not
 // create, to be created now (but for a job that ended: see ended).
 func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*jobState, error) {
-	all, err := jobstore.NewSteps(snap.Job.ID, snap.Job.Spec, s.stepDefaults(), snap.Job.CreatedAt)
+	all, err := s.stepRecords(snap.Job, now)
 	if err != nil {
 		return nil, err
 	}
@@ -250,6 +250,38 @@ func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*j
 		js.markStep(i)
 	}
 	return js, nil
+}
+
+// stepRecords builds the records of job's steps as they were created: its
+// forward steps at its creation, its undo steps (a compensating job's
+// spec names them after ForwardSteps) as startCompensation makes them, at
+// now and from their own specs. Built with the job's, an undo step whose
+// record a dead scheduler did not create got the job's ttl and retry
+// settings from its creation: after a forward step expired under that
+// ttl, the undo expired unrun too, and the job ended compensation_failed
+// with nothing undone.
+func (s *Scheduler) stepRecords(job *jobstore.Job, now time.Time) ([]*jobstore.Step, error) {
+	if job.ForwardSteps <= 0 || job.ForwardSteps > len(job.Spec.Steps) {
+		return jobstore.NewSteps(job.ID, job.Spec, s.stepDefaults(), job.CreatedAt)
+	}
+	forward := job.Spec
+	forward.Steps = job.Spec.Steps[:job.ForwardSteps]
+	recs, err := jobstore.NewSteps(job.ID, forward, s.stepDefaults(), job.CreatedAt)
+	if err != nil {
+		return nil, err
+	}
+	undo, err := s.undoRecords(job.ID, job.Spec.Steps[job.ForwardSteps:], now)
+	if err != nil {
+		return nil, err
+	}
+	return append(recs, undo...), nil
+}
+
+// undoRecords builds the records of a compensation's undo steps at now:
+// from their own specs, not the job's (no job ttl, expiry or retry
+// settings: an undo runs however late its compensation starts).
+func (s *Scheduler) undoRecords(jobID string, undo []spec.Step, now time.Time) ([]*jobstore.Step, error) {
+	return jobstore.NewSteps(jobID, spec.Job{Steps: undo}, s.stepDefaults(), now)
 }
 
 func (s *Scheduler) stepDefaults() jobstore.StepDefaults {

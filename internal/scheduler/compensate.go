@@ -63,7 +63,7 @@ func (w *worker) startCompensation(jt *jobTurn, now time.Time) bool {
 		specs = append(specs, cs)
 		order = append(order, c.Of)
 	}
-	recs, err := jobstore.NewSteps(j.ID, spec.Job{Steps: specs}, w.s.stepDefaults(), now)
+	recs, err := w.s.undoRecords(j.ID, specs, now)
 	if err != nil {
 		w.log.Warn().Err(err).Str(logging.FieldJob, j.ID).Msg("compensation not started: its steps are invalid")
 		return false

@@ -15,6 +15,7 @@ import (
 	"github.com/wardenhq/warden/pkg/agent"
 	"github.com/wardenhq/warden/pkg/agent/agenttest"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/test/handagent"
 )
 
@@ -175,5 +176,54 @@ func TestRetryExpiredInTheQueueKeepsTheStepsError(t *testing.T) {
 				t.Fatalf("attempts %+v; want the second to keep the agent's words", st.Attempts)
 			}
 		})
+	}
+}
+
+// A compensation whose job record landed while its undo step's record
+// did not (the scheduler died between them: the record is created after
+// the job record that names it) is completed by the next scheduler as
+// startCompensation makes undo steps: at now, from the undo's own spec.
+// Built from the job's spec and creation time, the undo of a job with a
+// ttl had its expiry from the job's creation, was expired unrun, and the
+// job ended compensation_failed with nothing undone.
+//
+// Old code: "undo step expired (expired: …), want it dispatched".
+func TestUndoCompletedAfterACrashRunsWhateverTheJobsTTL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	startMute(t, b, "mute-1")
+	agentSeen(t, b)
+	ctx := context.Background()
+	created := time.Now().UTC().Add(-2 * time.Hour)
+	const id = "job-undo-complete"
+	sp := spec.Job{Name: "undo-complete", TTL: protocol.Duration(time.Hour), Steps: []spec.Step{
+		{ID: "a", Action: "echo", Compensate: &spec.Compensation{Action: "echo"}}, {ID: "x", Action: "echo"}}}
+	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, created.Add(time.Minute)
+	steps[1].Expire(created.Add(time.Hour))
+	job := jobstore.NewJob(id, sp, created)
+	undo, _ := sp.Steps[0].CompensationStep()
+	job.ForwardSteps, job.State = len(sp.Steps), jobstore.JobCompensating
+	job.Spec.Steps = append(job.Spec.Steps, undo)
+	if _, err := b.store.CreateJob(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := b.store.CreateStep(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	advance(t, b, id)
+	var st *jobstore.Step
+	natstest.Eventually(t, 10*time.Second, "the undo step's record", func() bool {
+		st, _, err = b.store.Step(ctx, id, undo.ID)
+		return err == nil && st.State != jobstore.StepPending
+	})
+	if st.State != jobstore.StepDispatched {
+		t.Fatalf("undo step %s (%s), want it dispatched", st.State, st.LastError)
 	}
 }

@@ -439,30 +439,36 @@ const (
 	nRounds
 )
 
-// writeRounds are a turn's writes of one job, by round. idx names what
-// each write is: a step's index, or -1 for the job record.
+// writeRounds are a turn's writes of one job, its rounds in order, the
+// empty ones left out: a turn writes every job's first round side by side,
+// then every job's second, so a job waits for no round trip it does not
+// need (an inline job has one round, its record). idx names what each
+// write is: a step's index, or -1 for the job record.
 type writeRounds struct {
-	writes [nRounds][]jobstore.Write
-	idx    [nRounds][]int
+	writes [][]jobstore.Write
+	idx    [][]int
 }
 
 // writes returns the records to write for what changed, by round
 // (writeRound), and clears the dirty marks. A step whose record carries
 // the retention TTL is written with it (settleExpiry).
 func (js *jobState) writes(st *jobstore.Store) writeRounds {
-	var r writeRounds
+	var writes [nRounds][]jobstore.Write
+	var idx [nRounds][]int
 	if !js.job.Inline {
 		for i := range js.dirtySteps {
-			w := st.StepWrite(js.steps[i], js.revs[i])
+			var w jobstore.Write
 			if js.expiring[i] {
 				w = st.EndedStepWrite(js.steps[i], js.revs[i])
+			} else {
+				w = st.StepWrite(js.steps[i], js.revs[i])
 			}
 			k := js.rounds[i]
 			if js.jobRev == 0 {
 				k = roundGuarded // a new job: every step is created
 			}
-			r.writes[k] = append(r.writes[k], w)
-			r.idx[k] = append(r.idx[k], i)
+			writes[k] = append(writes[k], w)
+			idx[k] = append(idx[k], i)
 		}
 	}
 	clear(js.dirtySteps)
@@ -471,8 +477,15 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 		if js.job.Inline {
 			js.job.Steps = js.steps
 		}
-		r.writes[roundJob], r.idx[roundJob] = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}, []int{-1}
+		writes[roundJob], idx[roundJob] = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}, []int{-1}
 		js.dirtyJob = false
+	}
+	var r writeRounds
+	for k := range nRounds {
+		if len(writes[k]) > 0 {
+			r.writes = append(r.writes, writes[k])
+			r.idx = append(r.idx, idx[k])
+		}
 	}
 	return r
 }

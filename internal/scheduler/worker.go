@@ -341,7 +341,10 @@ type jobTurn struct {
 	// that ended or went back to wait in this turn (workflow.go).
 	freed []int
 	err   error // a lost CAS or a store error: the inputs are retried
-	more  bool  // more ready steps than one slice: continue
+	// more: the job's turn is not done (more ready steps than one slice,
+	// records still to seal, or records created that it may end after):
+	// it continues in a next turn.
+	more bool
 	// wait, when set, says the job waits (no agent, a gate, a retry's
 	// backoff): it is tried again after this delay if nothing wakes it
 	// first. It keeps its messages meanwhile (waiter.held, within the hold
@@ -495,8 +498,7 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 			jt.inputs[0].held = append(jt.inputs[0].held, w.takeHeld(jt.id)...)
 		}
 	}
-	for r := range nRounds {
-		w.writeRound(ctx, order, r)
+	for k := 0; w.writeRound(ctx, order, k); k++ {
 	}
 	w.publish(ctx, order)
 	for _, jt := range order {
@@ -505,9 +507,10 @@ func (w *worker) turn(ctx context.Context, batch []input) {
 	w.trimCache()
 }
 
-// writeRound writes round r of every job still going, pipelined: a job
-// with a write that failed in an earlier round writes nothing more.
-func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round writeRound) {
+// writeRound writes the k-th round (jobState.writes) of every job still
+// going, pipelined, and says whether any job had one: a job with a write
+// that failed in an earlier round writes nothing more.
+func (w *worker) writeRound(ctx context.Context, order []*jobTurn, k int) bool {
 	b := w.s.store.Batch()
 	type ref struct {
 		jt  *jobTurn
@@ -515,17 +518,17 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round writeRo
 	}
 	var refs []ref
 	for _, jt := range order {
-		if jt.err != nil {
+		if jt.err != nil || k >= len(jt.rounds.writes) {
 			continue
 		}
-		ws, idx := jt.rounds.writes[round], jt.rounds.idx[round]
-		for k, wr := range ws {
+		idx := jt.rounds.idx[k]
+		for n, wr := range jt.rounds.writes[k] {
 			b.Add(wr)
-			refs = append(refs, ref{jt, idx[k]})
+			refs = append(refs, ref{jt, idx[n]})
 		}
 	}
 	if b.Len() == 0 {
-		return
+		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
@@ -562,10 +565,13 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, round writeRo
 			jt.js.revs[res.idx] = r.Rev
 		}
 	}
+	return true
 }
 
-// publish sends the tasks and events of every job whose writes landed, and
-// waits for their PubAcks; then the cancel orders.
+// publish sends the tasks, events and cancel orders whose writes landed
+// (those of a job whose writes all landed, and those that carry out a
+// write of their own: see task, outEvent, control), waits for the tasks'
+// and events' PubAcks, then sends the cancel orders and replies.
 func (w *worker) publish(ctx context.Context, order []*jobTurn) {
 	type pending struct {
 		jt   *jobTurn
