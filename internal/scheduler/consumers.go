@@ -91,12 +91,14 @@ func (s *Scheduler) dropLegacyConsumers(ctx context.Context) {
 	}
 }
 
-// replaceAttempts × replaceWait bounds how long start waits for schedulers
-// of an earlier release to stop using a consumer it must replace: past two
-// pin TTLs (5 s each by default), a pin and its pull requests have expired.
+// replaceFor bounds how long start waits for schedulers of an earlier
+// release to stop using a consumer it must replace: past two pin TTLs (5 s
+// each by default), a pin and its pull requests have expired. It looks
+// again every replaceWait. A bound in time, not in tries: on a loaded
+// machine 24 tries of a few requests each took over 30 s to refuse.
 const (
-	replaceAttempts = 24
-	replaceWait     = 500 * time.Millisecond
+	replaceFor  = 12 * time.Second
+	replaceWait = 500 * time.Millisecond
 )
 
 // replacer makes way for a create the server refused (streams.ReplaceStorage):
@@ -107,7 +109,8 @@ const (
 // earlier release must stop first.
 func (s *Scheduler) replacer(stream string, cfg jetstream.ConsumerConfig) func(context.Context, error) error {
 	return func(ctx context.Context, createErr error) error {
-		for range replaceAttempts {
+		until := time.Now().Add(replaceFor)
+		for {
 			replaced, err := streams.ReplaceStorage(ctx, s.js, stream, cfg, consumerInUse)
 			if !errors.Is(err, streams.ErrConsumerInUse) {
 				if replaced {
@@ -115,6 +118,9 @@ func (s *Scheduler) replacer(stream string, cfg jetstream.ConsumerConfig) func(c
 						Msg("consumer re-created with the storage type this release uses")
 				}
 				return err
+			}
+			if !time.Now().Add(replaceWait).Before(until) {
+				break
 			}
 			select {
 			case <-ctx.Done():
