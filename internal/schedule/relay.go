@@ -25,6 +25,11 @@ const RelayConsumer = "schedule-relay"
 // next timer), also when the relay is stopping.
 const handleTimeout = 10 * time.Second
 
+// reconcileEvery is how often a running relay arms the schedules that have
+// no timer of their definition (Reconcile): a definition whose arming
+// failed got none until some scheduler started, and never fired.
+const reconcileEvery = time.Minute
+
 // Relay turns fired ticks into submissions and arms the next tick. Run one
 // in every scheduler; they share one durable consumer.
 type Relay struct {
@@ -40,6 +45,8 @@ type Relay struct {
 	handling sync.WaitGroup
 	// streams are the deployment's stream options (replicas).
 	streams streams.Options
+	// reconcileEvery: see the constant.
+	reconcileEvery time.Duration
 }
 
 // RelayOption configures a Relay.
@@ -51,13 +58,16 @@ func WithLogger(l zerolog.Logger) RelayOption { return func(r *Relay) { r.log = 
 // WithClock sets the clock (tests).
 func WithClock(now func() time.Time) RelayOption { return func(r *Relay) { r.now = now } }
 
+// WithReconcileEvery sets how often a running relay reconciles (tests).
+func WithReconcileEvery(d time.Duration) RelayOption { return func(r *Relay) { r.reconcileEvery = d } }
+
 // WithStreams sets the deployment's stream options (replicas) the
 // schedules stream is ensured with. Defaults to streams.Options{} (R1).
 func WithStreams(o streams.Options) RelayOption { return func(r *Relay) { r.streams = o } }
 
 // NewRelay returns a relay on js; Start runs it.
 func NewRelay(js jetstream.JetStream, opts ...RelayOption) *Relay {
-	r := &Relay{js: js, events: events.NewPublisher(js), log: zerolog.Nop(), now: time.Now}
+	r := &Relay{js: js, events: events.NewPublisher(js), log: zerolog.Nop(), now: time.Now, reconcileEvery: reconcileEvery}
 	for _, o := range opts {
 		o(r)
 	}
@@ -107,7 +117,13 @@ func (r *Relay) Start(ctx context.Context) error {
 		defer close(r.done)
 		stop := context.AfterFunc(ctx, cancel)
 		defer stop()
+		reconciling := make(chan struct{})
+		go func() {
+			defer close(reconciling)
+			r.reconcileUntil(rctx)
+		}()
 		keepUntil(rctx, k)
+		<-reconciling
 		r.handling.Wait()
 	}()
 	return nil
@@ -135,15 +151,17 @@ func (r *Relay) Stop() {
 	<-r.done
 }
 
-// Reconcile arms a timer for every schedule that has none (a timer lost
-// between a tick and its re-arming, or a definition written by hand).
+// Reconcile arms a timer for every schedule that has none of its current
+// definition (a timer lost between a tick and its re-arming, a definition
+// written by hand, an add or replace whose arming failed). Start runs it,
+// and then every reconcileEvery.
 func (r *Relay) Reconcile(ctx context.Context) error {
 	entries, err := r.store.List(ctx)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		if !e.Next.IsZero() {
+		if e.timerCurrent() {
 			continue
 		}
 		if err := r.armNow(ctx, e); err != nil {
@@ -151,6 +169,24 @@ func (r *Relay) Reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// reconcileUntil runs Reconcile every reconcileEvery until ctx ends.
+func (r *Relay) reconcileUntil(ctx context.Context) {
+	t := time.NewTicker(r.reconcileEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.reconcileEvery)
+		if err := r.Reconcile(rctx); err != nil && ctx.Err() == nil {
+			r.log.Warn().Err(err).Msg("schedules not reconciled; tried again in a while")
+		}
+		cancel()
+	}
 }
 
 // armNow arms the timer of e for its first tick after now (by the
@@ -187,9 +223,9 @@ func (r *Relay) armCurrent(ctx context.Context, name string) error {
 	return r.armIfNone(ctx, e)
 }
 
-// armIfNone arms e's next tick unless e has a timer.
+// armIfNone arms e's next tick unless e has a timer of its definition.
 func (r *Relay) armIfNone(ctx context.Context, e Entry) error {
-	if !e.Next.IsZero() {
+	if e.timerCurrent() {
 		return nil
 	}
 	return r.armNow(ctx, e)
@@ -232,6 +268,14 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		// own timer, unless its writer died first.
 		return r.armIfNone(ctx, e)
 	}
+	if e.timerRev == rev && !e.armedAfter.IsZero() && !tick.After(e.armedAfter) {
+		// Relayed already: the timer armed after it is there. A relay
+		// consumer created again (lost, restored) delivers every
+		// schedule's last tick anew, and once that tick's job record had
+		// expired it ran again.
+		r.log.Debug().Str("schedule", name).Time("tick", tick).Msg("tick relayed already: dropped")
+		return nil
+	}
 	x, err := e.Validate()
 	if err != nil {
 		r.log.Warn().Err(err).Str("schedule", name).Msg("invalid schedule definition: tick dropped")
@@ -269,7 +313,7 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		r.log.Debug().Str("schedule", name).Str(logging.FieldJob, job).Time("tick", tick).Dur("late", late).Msg("tick submitted")
 		r.event(ctx, protocol.EventScheduleFired, name, job, tick, late, "", "")
 	}
-	err = arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)))
+	err = arm(ctx, r.js, name, rev, x.Next(maxTime(tick, now)), tick)
 	if errors.Is(err, errChanged) {
 		// Replaced or removed while this tick was relayed: its timer is
 		// the new definition's business, never this revision's.

@@ -58,7 +58,14 @@ var ErrNotFound = errors.New("schedule not found")
 // paused, with its reason and time. The pause fields of d are ignored.
 func (s *Store) Add(ctx context.Context, d Definition, replace bool) (time.Time, error) {
 	if d.CreatedAt.IsZero() {
-		d.CreatedAt = s.now().UTC()
+		// By the server's clock, as every tick is: an @every schedule's
+		// anchor taken from a host clock running ahead put its first tick
+		// that far out, whatever the interval.
+		now, err := s.serverTime(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		d.CreatedAt = now.UTC()
 	}
 	d.Paused, d.PauseReason, d.PausedAt = false, "", time.Time{}
 	e, err := d.Validate()
@@ -104,7 +111,7 @@ func (s *Store) armNext(ctx context.Context, name string, rev uint64, x Expr) (t
 		return time.Time{}, err
 	}
 	next := x.Next(now)
-	return next, arm(ctx, s.js, name, rev, next)
+	return next, arm(ctx, s.js, name, rev, next, time.Time{})
 }
 
 // publishDef writes d on the condition that the last definition of its
@@ -183,8 +190,11 @@ var errChanged = errors.New("schedule definition changed")
 // handling a tick of a replaced or removed definition cannot replace the
 // timer of the new one (or leave one behind a removed schedule): that
 // returns errChanged.
-func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t time.Time) error {
+func arm(ctx context.Context, js jetstream.JetStream, name string, rev uint64, t, after time.Time) error {
 	msg := nats.NewMsg(protocol.ScheduleTimerSubject(name))
+	if !after.IsZero() {
+		msg.Header.Set(protocol.HeaderScheduleAfter, after.UTC().Format(time.RFC3339Nano))
+	}
 	msg.Header.Set(protocol.HeaderNatsSchedule, "@at "+t.UTC().Format(time.RFC3339Nano))
 	msg.Header.Set(protocol.HeaderNatsScheduleTarget, protocol.ScheduleTickSubject(name))
 	msg.Header.Set(protocol.HeaderSchedule, name)
@@ -239,7 +249,16 @@ type Entry struct {
 	Next time.Time `json:"next,omitzero"`
 	// LastTick is the last tick that fired (zero if none yet).
 	LastTick time.Time `json:"last_tick,omitzero"`
+
+	// timerRev is the definition revision the armed timer is of, and
+	// armedAfter the tick it was armed after relaying (HeaderScheduleAfter;
+	// zero for a timer armed otherwise).
+	timerRev   uint64
+	armedAfter time.Time
 }
+
+// timerCurrent says the armed timer is the definition's.
+func (e Entry) timerCurrent() bool { return !e.Next.IsZero() && e.timerRev == e.Rev }
 
 // Get returns the schedule name.
 func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
@@ -257,6 +276,8 @@ func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
 	e.Rev = m.Sequence
 	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTimerSubject(name)); err == nil {
 		e.Next, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleTick))
+		e.timerRev, _ = strconv.ParseUint(t.Header.Get(protocol.HeaderScheduleRev), 10, 64)
+		e.armedAfter, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleAfter))
 	}
 	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTickSubject(name)); err == nil {
 		e.LastTick, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleTick))

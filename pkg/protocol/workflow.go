@@ -35,6 +35,11 @@ const (
 	// HeaderScheduleTick is the tick's time (RFC 3339 nano): when it was
 	// due, whenever it is handled.
 	HeaderScheduleTick = "Warden-Schedule-Tick"
+	// HeaderScheduleAfter, on a timer the relay armed after relaying a
+	// tick, is that tick's time: a tick delivered again at or before it
+	// (a relay consumer created again delivers each schedule's last tick)
+	// was relayed already.
+	HeaderScheduleAfter = "Warden-Schedule-After"
 	// HeaderScheduleRev is the stream sequence of the definition a timer
 	// was armed for; a tick of a removed or replaced definition is dropped.
 	HeaderScheduleRev = "Warden-Schedule-Rev"
