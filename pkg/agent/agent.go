@@ -60,6 +60,8 @@ type Agent struct {
 	running sync.Map // "<job>.<step>.<epoch>" -> *runningTask
 	// reported are the results this agent stored lately (recent.go).
 	reported *recentReports
+	// cancels are cancel orders for dispatches not running here (cancels.go).
+	cancels *earlyCancels
 	// pullCancel ends the pull request in progress (dispatch.go).
 	pullCancel atomic.Pointer[context.CancelFunc]
 	// reconnected cuts short a retry's wait after a failed pull
@@ -91,7 +93,7 @@ func New(cfg Config, opts ...Option) (*Agent, error) {
 		return nil, fmt.Errorf("agent config: %w", err)
 	}
 	a := &Agent{cfg: cfg, now: time.Now, handlers: map[string]HandlerFunc{}, ready: make(chan struct{}), reconnected: make(chan struct{}, 1), iso: newIsolation(cfg.MaxConcurrent),
-		reported: newRecentReports(recentReportsKept, recentReportBytes)}
+		reported: newRecentReports(recentReportsKept, recentReportBytes), cancels: newEarlyCancels()}
 	a.limit.Store(int32(cfg.MaxConcurrent))
 	for _, o := range opts {
 		o(a)

@@ -88,6 +88,11 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		a.deadLetter(msg, protocol.DLQExpired, "deadline "+pt.Deadline.UTC().Format(time.RFC3339Nano)+" passed before the task started")
 		return
 	}
+	if a.cancels.take(runKey, received) {
+		log.Info().Msg("cancelled before it was delivered here: reporting it cancelled unrun")
+		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, a.now(), nil, cancelledBy(ErrCancelled)), log)
+		return
+	}
 
 	if !pt.ExpiresAt.IsZero() && received.After(pt.ExpiresAt) {
 		// Expired in a queue: say so, so the step fails with a reason
@@ -115,8 +120,22 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	go func() { defer close(keeperDone); keeper.run(keeperCtx) }()
 	defer func() { stopKeeper(); <-keeperDone }()
 
-	// A suspect waits here, its lease kept, until it can run alone.
-	release := a.iso.acquire(hctx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
+	// A suspect waits here, its lease kept, until it can run alone, at most
+	// until its handler's deadline: past it the lease keeper stops (it
+	// extends no lease beyond the deadline), and a suspect still waiting
+	// lost its lease, was handed back unreported, dead-lettered unrun as
+	// expired at its redelivery, and counted as a recovery (poison after
+	// three). It is reported as a handler that could not start instead.
+	waitCtx := hctx
+	if !p.handlerDeadline.IsZero() {
+		var stopWait context.CancelFunc
+		waitCtx, stopWait = context.WithDeadlineCause(hctx, p.handlerDeadline, ErrDeadline)
+		defer stopWait()
+	}
+	release := a.iso.acquire(waitCtx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
+	if release == nil && hctx.Err() == nil {
+		release = func() {} // not run: runHandler finds its deadline passed
+	}
 	if release == nil {
 		cause := context.Cause(hctx)
 		if errors.Is(cause, ErrConnectionClosed) {

@@ -88,10 +88,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer close(dispatched)
 		a.dispatch(fetchCtx, workCtx, &tasks)
 	}()
+	// Until the drain is over, not only while fetching: a server that
+	// restarts during the drain forgets the task consumer, and the lease
+	// extensions of the tasks still running found no responder; they
+	// were abandoned unreported.
+	repullCtx, stopRepull := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRepull()
 	repulled := make(chan struct{})
 	go func() {
 		defer close(repulled)
-		a.repullOnReconnect(fetchCtx)
+		a.repullOnReconnect(repullCtx)
 	}()
 
 	// A connection closed for good (the caller's, given with WithConn, at
@@ -116,8 +122,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	stopFetch()
 	<-dispatched
-	<-repulled
 	a.drain(ann, &tasks, stopWork, closed)
+	stopRepull()
+	<-repulled
 	if n := a.stats.abandoned.Load(); n > 0 {
 		a.log.Warn().Int64("handlers", n).Msg("handlers that ignored cancellation still run (their tasks were reported or given up); they end with the process")
 	}
