@@ -371,6 +371,11 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	// The sync state follows the decision: assigned targets come from it.
 	next, evs := Compute(in)
 	m.mu.Lock()
+	if prevRev == 0 && next.Epoch <= m.epochSeen {
+		// The state is gone, not new: Compute started the epochs again
+		// from the lease's revision, below ones used this term.
+		next.Epoch = m.epochSeen + 1
+	}
 	sync := m.leaderSync
 	// Written by someone else after our last write: a deposed leader's late
 	// put. Publish ours again, even if our content did not change.

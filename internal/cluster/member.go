@@ -113,6 +113,11 @@ type Member struct {
 	// (nil for active_active): a draining member reports the tasks it was
 	// given under them.
 	took map[uint64][]string
+	// epochSeen is the highest epoch of any state this member read or
+	// wrote: a leader that finds the state gone (deleted by hand, a
+	// roll-up of the runtime bucket) writes the next one above it, never
+	// an epoch used before with other owners (epochs never decrease).
+	epochSeen uint64
 }
 
 // pendingRequest is a request as this member last saw it, with its

@@ -189,6 +189,7 @@ func (m *Member) AcceptResult(epoch uint64, target string) error {
 // took work under.
 func (m *Member) setStateLocked(st protocol.ClusterState, rev uint64) {
 	m.state, m.stateRev = st, rev
+	m.epochSeen = max(m.epochSeen, st.Epoch)
 	if st.Epoch == 0 || st.Mode == protocol.ModeActivePassive {
 		return
 	}
