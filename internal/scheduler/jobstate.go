@@ -463,7 +463,10 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 			} else {
 				w = st.StepWrite(js.steps[i], js.revs[i])
 			}
-			k := js.rounds[i]
+			k, caused := js.rounds[i]
+			if !caused {
+				k = roundOwn
+			}
 			if js.jobRev == 0 {
 				k = roundGuarded // a new job: every step is created
 			}
