@@ -336,9 +336,6 @@ func (a *Agent) consumerGone(ctx context.Context) (bool, error) {
 	return false, err
 }
 
-// restoreAttempts bounds restoreConsumer's tries after one reconnect.
-const restoreAttempts = 5
-
 // restoreConsumer makes sure, after a reconnect, that the task consumer
 // exists. A lone server that restarted has forgotten it (it is kept in
 // memory). The dispatch loop re-creates it when a pull finds no
@@ -346,8 +343,12 @@ const restoreAttempts = 5
 // does not pull: the lease extensions of the tasks it runs would find no
 // responder either, and it would lose them and run them again.
 func (a *Agent) restoreConsumer(ctx context.Context) {
+	// Tried until it is known to exist (or the next reconnect, or the
+	// end): five tries over about 8 s gave up on a JetStream slower than
+	// that to answer after a restart, and an agent whose slots were all
+	// taken then lost every running task's lease.
 	backoff := minFetchBackoff
-	for range restoreAttempts {
+	for {
 		rctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		gone, err := a.consumerGone(rctx)
 		if gone {
