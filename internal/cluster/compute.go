@@ -43,6 +43,11 @@ type Input struct {
 	Exclude []string
 	// SyncDigest is the digest of the leader's current sync state.
 	SyncDigest string
+	// EpochFloor, when Prev is zero, is the highest epoch the leader has
+	// seen: the state vanished (deleted by hand, a roll-up of the runtime
+	// bucket), and the next one is above every epoch used before with
+	// other owners, never back at the lease's revision.
+	EpochFloor uint64
 	Now        time.Time
 }
 
@@ -232,6 +237,9 @@ func Compute(in Input) (protocol.ClusterState, []protocol.Event) {
 		next.Epoch = max(prev.Epoch+1, in.LeaseEpoch)
 	default:
 		next.Epoch = prev.Epoch
+	}
+	if prev.Epoch == 0 && next.Epoch <= in.EpochFloor {
+		next.Epoch = in.EpochFloor + 1
 	}
 
 	switch {

@@ -283,6 +283,10 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	}
 	def := *m.def
 	prev, prevRev := m.state, m.stateRev
+	floor := uint64(0)
+	if prevRev == 0 {
+		floor = m.epochSeen // the state is gone, or was never written
+	}
 	members := m.aliveLocked()
 	reqs := make([]pendingRequest, 0, len(m.requests))
 	for _, r := range m.requests {
@@ -330,7 +334,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	}
 	reqs = claimed
 
-	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, Now: m.cfg.Now()}
+	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, EpochFloor: floor, Now: m.cfg.Now()}
 	handoff := ""
 	refused := map[string]string{} // request id -> why it was not carried out
 	for _, r := range reqs {
@@ -371,11 +375,6 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	// The sync state follows the decision: assigned targets come from it.
 	next, evs := Compute(in)
 	m.mu.Lock()
-	if prevRev == 0 && next.Epoch <= m.epochSeen {
-		// The state is gone, not new: Compute started the epochs again
-		// from the lease's revision, below ones used this term.
-		next.Epoch = m.epochSeen + 1
-	}
 	sync := m.leaderSync
 	// Written by someone else after our last write: a deposed leader's late
 	// put. Publish ours again, even if our content did not change.
