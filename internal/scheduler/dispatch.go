@@ -275,7 +275,7 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 				write = i
 			}
 			if asked || write == i {
-				b, _ := json.Marshal(protocol.Control{Op: protocol.ControlCancel, JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch})
+				b, _ := json.Marshal(protocol.Control{Op: protocol.ControlCancel, JobID: st.JobID, StepID: st.ID, Epoch: st.Epoch, Token: st.Token})
 				jt.controls = append(jt.controls, control{subject: protocol.AgentControlSubject(st.Pool, st.Actor), body: b, write: write})
 			}
 		}

@@ -11,45 +11,66 @@ import (
 // the task ran in full when it was pulled, after its job was cancelled.
 // Such orders are kept for earlyCancelTTL, the last earlyCancelsKept of
 // them, and a dispatch they name is reported cancelled unrun when it
-// arrives.
+// arrives. An order that names the dispatch's lease token (schedulers
+// send it) matches only that dispatch: a job submitted again with the
+// same id after its records expired dispatches its steps at epoch 1
+// again, with new tokens.
 const (
 	earlyCancelTTL   = time.Hour
 	earlyCancelsKept = 1024
 )
 
 // earlyCancels are the cancel orders for dispatches not running here, by
-// "<job>.<step>.<epoch>", oldest first.
+// "<job>.<step>.<epoch>".
 type earlyCancels struct {
-	mu    sync.Mutex
-	at    map[string]time.Time
-	order []string
+	mu   sync.Mutex
+	kept map[string]earlyCancel
+	// order holds the keys as they were added, each with the generation
+	// it was added at: a key taken and added again is trimmed by its
+	// newest entry only.
+	order []keptAt
+	gen   uint64
 }
 
-func newEarlyCancels() *earlyCancels { return &earlyCancels{at: map[string]time.Time{}} }
+type earlyCancel struct {
+	token string
+	at    time.Time
+	gen   uint64
+}
 
-// add keeps a cancel order for key received at now.
-func (c *earlyCancels) add(key string, now time.Time) {
+type keptAt struct {
+	key string
+	gen uint64
+}
+
+func newEarlyCancels() *earlyCancels { return &earlyCancels{kept: map[string]earlyCancel{}} }
+
+// add keeps a cancel order for key (token: the dispatch's lease token, or
+// "" for any) received at now.
+func (c *earlyCancels) add(key, token string, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.at[key]; !ok {
-		c.order = append(c.order, key)
-	}
-	c.at[key] = now
+	c.gen++
+	c.kept[key] = earlyCancel{token: token, at: now, gen: c.gen}
+	c.order = append(c.order, keptAt{key, c.gen})
 	for len(c.order) > earlyCancelsKept {
-		delete(c.at, c.order[0])
+		first := c.order[0]
 		c.order = c.order[1:]
+		if e, ok := c.kept[first.key]; ok && e.gen == first.gen {
+			delete(c.kept, first.key)
+		}
 	}
 }
 
-// take removes and reports a cancel order for key kept at most
-// earlyCancelTTL before now.
-func (c *earlyCancels) take(key string, now time.Time) bool {
+// take removes and reports a cancel order for the dispatch key with token,
+// kept at most earlyCancelTTL before now.
+func (c *earlyCancels) take(key, token string, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	at, ok := c.at[key]
-	if !ok {
+	e, ok := c.kept[key]
+	if !ok || (e.token != "" && e.token != token) {
 		return false
 	}
-	delete(c.at, key) // its place in order goes when it comes first
-	return now.Sub(at) <= earlyCancelTTL
+	delete(c.kept, key)
+	return now.Sub(e.at) <= earlyCancelTTL
 }

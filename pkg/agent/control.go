@@ -55,7 +55,7 @@ func (a *Agent) control(body []byte) error {
 		v, ok := a.running.Load(key)
 		if !ok {
 			// Kept: its task may still be queued here (cancels.go).
-			a.cancels.add(key, a.now())
+			a.cancels.add(key, c.Token, a.now())
 			return protocol.NewReplyError(protocol.CodeNotFound, "step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
 		}
 		a.log.Warn().Str("job_id", c.JobID).Str("step_id", c.StepID).Msg("cancelling a running step on request")

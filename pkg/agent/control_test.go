@@ -187,10 +187,14 @@ func TestCancelWhileWaitingToRunReportsCancelledUnrun(t *testing.T) {
 	if _, err := b.js.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	// Not found until the agent has it in hand.
-	natstest.Eventually(t, 10*time.Second, "the cancel reaches the waiting step", func() bool {
-		return b.control(t, protocol.Control{Op: protocol.ControlCancel, JobID: "j2", StepID: "s", Epoch: 1}).OK
+	// Sent once the agent has it in hand (a cancel sent before is kept
+	// and applied when it arrives: TestCancelOfAQueuedDispatchHoldsWhenItArrives).
+	natstest.Eventually(t, 10*time.Second, "the step in hand, waiting", func() bool {
+		return b.consumerInfo(t).NumAckPending == 2
 	})
+	if rep := b.control(t, protocol.Control{Op: protocol.ControlCancel, JobID: "j2", StepID: "s", Epoch: 1}); !rep.OK {
+		t.Fatalf("cancel of the waiting step: %+v", rep)
+	}
 	r, _ := b.result(t, "j2", "s")
 	if r.Status != protocol.ResultFailed || !strings.HasPrefix(r.Error, protocol.ErrorCancelled) || ran.Load() != 0 {
 		t.Fatalf("cancelled while waiting: %+v, handler ran %d times", r, ran.Load())

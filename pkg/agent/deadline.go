@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -56,4 +57,19 @@ func planTask(now, deadline time.Time, timeout time.Duration) (p plan, ok bool) 
 // late reports whether publishing at now would break the step's deadline.
 func (p plan) late(now time.Time) bool {
 	return !p.reportBy.IsZero() && !now.Before(p.reportBy)
+}
+
+// deadlineCause is the cause a handler's context of task t ends with at
+// its deadline: ErrDeadline, naming the step timeout when that came first.
+func (p plan) deadlineCause(t *Task) error {
+	if p.timeoutFirst {
+		return fmt.Errorf("%w: step timeout %s", ErrDeadline, t.Timeout)
+	}
+	return ErrDeadline
+}
+
+// notStarted is the failure of a handler of task t whose deadline passed
+// before it could start.
+func (p plan) notStarted(t *Task) error {
+	return fmt.Errorf("%w: passed before the handler could start", p.deadlineCause(t))
 }

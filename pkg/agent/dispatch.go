@@ -336,6 +336,9 @@ func (a *Agent) consumerGone(ctx context.Context) (bool, error) {
 	return false, err
 }
 
+// restoreWarnAfter: a restore still failing after this many tries says so.
+const restoreWarnAfter = 5
+
 // restoreConsumer makes sure, after a reconnect, that the task consumer
 // exists. A lone server that restarted has forgotten it (it is kept in
 // memory). The dispatch loop re-creates it when a pull finds no
@@ -348,7 +351,7 @@ func (a *Agent) restoreConsumer(ctx context.Context) {
 	// that to answer after a restart, and an agent whose slots were all
 	// taken then lost every running task's lease.
 	backoff := minFetchBackoff
-	for {
+	for try := 1; ; try++ {
 		rctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		gone, err := a.consumerGone(rctx)
 		if gone {
@@ -357,7 +360,13 @@ func (a *Agent) restoreConsumer(ctx context.Context) {
 			}
 		}
 		cancel()
-		if err == nil || !sleepCtx(ctx, backoff) {
+		if err == nil {
+			return
+		}
+		if try == restoreWarnAfter {
+			a.log.Warn().Err(err).Msg("task consumer not confirmed after a reconnect; trying on (running tasks' leases depend on it)")
+		}
+		if !sleepCtx(ctx, backoff) {
 			return
 		}
 		backoff = min(2*backoff, maxFetchBackoff)

@@ -88,7 +88,7 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 		a.deadLetter(msg, protocol.DLQExpired, "deadline "+pt.Deadline.UTC().Format(time.RFC3339Nano)+" passed before the task started")
 		return
 	}
-	if a.cancels.take(runKey, received) {
+	if a.cancels.take(runKey, pt.Token, received) {
 		log.Info().Msg("cancelled before it was delivered here: reporting it cancelled unrun")
 		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, received, a.now(), nil, cancelledBy(ErrCancelled)), log)
 		return
@@ -134,7 +134,9 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	}
 	release := a.iso.acquire(waitCtx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
 	if release == nil && hctx.Err() == nil {
-		release = func() {} // not run: runHandler finds its deadline passed
+		log.Warn().Msg("deadline passed while waiting to run alone: reporting it not started")
+		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, p.notStarted(task)), log)
+		return
 	}
 	if release == nil {
 		cause := context.Cause(hctx)
@@ -267,12 +269,9 @@ const (
 // run (a suspect waiting to run alone) is not started.
 func runHandler(hctx context.Context, env handlerEnv, p plan, h HandlerFunc, t *Task) (o outcome) {
 	if !p.handlerDeadline.IsZero() {
-		cause := ErrDeadline
-		if p.timeoutFirst {
-			cause = fmt.Errorf("%w: step timeout %s", ErrDeadline, t.Timeout)
-		}
+		cause := p.deadlineCause(t)
 		if !env.now().Before(p.handlerDeadline) {
-			return outcome{err: fmt.Errorf("%w: passed before the handler could start", cause)}
+			return outcome{err: p.notStarted(t)}
 		}
 		var cancel context.CancelFunc
 		hctx, cancel = context.WithDeadlineCause(hctx, p.handlerDeadline, cause)

@@ -109,6 +109,10 @@ type Control struct {
 	JobID  string `json:"job_id,omitempty"`
 	StepID string `json:"step_id,omitempty"`
 	Epoch  uint64 `json:"epoch,omitempty"`
+	// Token, on a cancel, is the dispatch's lease token when the sender
+	// knows it (a scheduler does): an agent that keeps a cancel for a
+	// dispatch not running yet applies it to that dispatch only.
+	Token string `json:"token,omitempty"`
 	// Value is the new limit of a ControlLimit.
 	Value int `json:"value,omitempty"`
 }
