@@ -99,3 +99,22 @@ func TestServerRestartDuringTheDrainKeepsTheRunningTask(t *testing.T) {
 		t.Fatalf("result %+v, want succeeded", r)
 	}
 }
+
+// A kept cancel that names a dispatch's lease token matches that dispatch
+// only: a job submitted again with the same id after its records expired
+// dispatches its steps at epoch 1 again, with new tokens, and the old
+// dispatch's cancel must not end the new one unrun.
+func TestKeptCancelOfAnotherDispatchDoesNotCancel(t *testing.T) {
+	t.Parallel()
+	b, long, ran := busyAgent(t, 1, "victim")
+	defer long.free()
+	b.publish(t, protocol.Task{JobID: "j2", StepID: "s", Action: "victim", Token: "new-token"})
+	if rep := b.control(t, protocol.Control{Op: protocol.ControlCancel, JobID: "j2", StepID: "s", Epoch: 1, Token: "old-token"}); rep.OK {
+		t.Fatalf("cancel of a dispatch not running here answered %+v, want not_found", rep)
+	}
+	long.free()
+	r, _ := b.result(t, "j2", "s")
+	if r.Status != protocol.ResultSucceeded || ran.Load() != 1 {
+		t.Fatalf("result %s %q, handler runs %d; want the new dispatch run", r.Status, r.Error, ran.Load())
+	}
+}
