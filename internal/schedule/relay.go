@@ -3,6 +3,8 @@ package schedule
 import (
 	"context"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +31,9 @@ const handleTimeout = 10 * time.Second
 // no timer of their definition (Reconcile): a definition whose arming
 // failed got none until some scheduler started, and never fired.
 const reconcileEvery = time.Minute
+
+// reconcileTimeout bounds one Reconcile: a few requests per schedule.
+const reconcileTimeout = 5 * time.Minute
 
 // Relay turns fired ticks into submissions and arms the next tick. Run one
 // in every scheduler; they share one durable consumer.
@@ -155,33 +160,69 @@ func (r *Relay) Stop() {
 // definition (a timer lost between a tick and its re-arming, a definition
 // written by hand, an add or replace whose arming failed). Start runs it,
 // and then every reconcileEvery.
+//
+// A schedule whose last tick the relays have not acknowledged yet is left
+// alone: that tick is being relayed (or waits to be), and its relay arms
+// the next timer after it. Armed here instead, the timer had no
+// Warden-Schedule-After and could replace the relay's, and one armed while
+// the tick's relaying kept failing could fire a later tick over it (the
+// stream keeps one tick per schedule), which was then never submitted.
+// Each schedule is read again just before it is armed. One that cannot be
+// armed does not stop the others.
 func (r *Relay) Reconcile(ctx context.Context) error {
 	entries, err := r.store.List(ctx)
 	if err != nil {
 		return err
 	}
+	acked := r.ackFloor(ctx)
+	var errs []error
 	for _, e := range entries {
-		if e.timerCurrent() {
+		if e.timerCurrent() || e.tickSeq > acked {
 			continue
 		}
-		if err := r.armNow(ctx, e); err != nil {
-			return err
+		e, err := r.store.Get(ctx, e.Name)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err == nil && !e.timerCurrent() && e.tickSeq <= acked {
+			err = r.armNow(ctx, e)
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// reconcileUntil runs Reconcile every reconcileEvery until ctx ends.
+// ackFloor is the stream sequence up to which the relays have acknowledged
+// every tick; with no relay consumer to ask (before the first start, or
+// lost), every tick counts as acknowledged.
+func (r *Relay) ackFloor(ctx context.Context) uint64 {
+	c, err := r.js.Consumer(ctx, streams.StreamSchedules, RelayConsumer)
+	if err != nil {
+		return math.MaxUint64
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return math.MaxUint64
+	}
+	return info.AckFloor.Stream
+}
+
+// reconcileUntil runs Reconcile about every reconcileEvery (spread, so
+// that the schedulers started together do not all read at once) until
+// ctx ends.
 func (r *Relay) reconcileUntil(ctx context.Context) {
-	t := time.NewTicker(r.reconcileEvery)
-	defer t.Stop()
 	for {
+		spread := time.Duration(rand.Int64N(int64(r.reconcileEvery)/5+1)) - r.reconcileEvery/10
+		t := time.NewTimer(r.reconcileEvery + spread)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, r.reconcileEvery)
+		rctx, cancel := context.WithTimeout(ctx, reconcileTimeout)
 		if err := r.Reconcile(rctx); err != nil && ctx.Err() == nil {
 			r.log.Warn().Err(err).Msg("schedules not reconciled; tried again in a while")
 		}

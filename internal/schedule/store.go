@@ -255,6 +255,8 @@ type Entry struct {
 	// zero for a timer armed otherwise).
 	timerRev   uint64
 	armedAfter time.Time
+	// tickSeq is the stream sequence of the last fired tick (0: none).
+	tickSeq uint64
 }
 
 // timerCurrent says the armed timer is the definition's.
@@ -281,6 +283,7 @@ func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
 	}
 	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTickSubject(name)); err == nil {
 		e.LastTick, _ = time.Parse(time.RFC3339Nano, t.Header.Get(protocol.HeaderScheduleTick))
+		e.tickSeq = t.Sequence
 	}
 	return e, nil
 }
