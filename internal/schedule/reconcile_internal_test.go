@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/streams"
 )
@@ -44,4 +46,73 @@ func TestReconcileLeavesATickBeingRelayedAlone(t *testing.T) {
 	if e, err := st.Get(ctx, "pending"); err != nil || !e.Next.IsZero() {
 		t.Fatalf("Reconcile armed a timer (next %v, %v) over a tick not yet relayed", e.Next, err)
 	}
+}
+
+// A tick whose relaying keeps failing holds the relay consumer's ack
+// floor down, for every schedule that ticked after it too; Reconcile
+// leaves those alone only for a while (quiet), then arms the ones with no
+// timer. It left them alone for as long as that one tick was not
+// acknowledged: with an undecodable definition, for ever.
+//
+// Old code (3679cb5): "y has no timer: x's pending tick blocks it".
+func TestReconcileIsNotHeldForEverByAnotherSchedulesTick(t *testing.T) {
+	t.Parallel()
+	_, _, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, streams.StreamSchedules, relayConsumerConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := NewStore(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := `{"name":"a","steps":[{"id":"a","action":"echo"}]}`
+	fired := func(name string) {
+		t.Helper()
+		natstest.Eventually(t, 10*time.Second, name+" fired", func() bool {
+			e, err := st.Get(ctx, name)
+			return err == nil && !e.LastTick.IsZero() && e.Next.IsZero()
+		})
+	}
+	fetch := func() jetstream.Msg {
+		t.Helper()
+		b, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got jetstream.Msg
+		for m := range b.Messages() {
+			got = m
+		}
+		if got == nil {
+			t.Fatal("no tick delivered")
+		}
+		return got
+	}
+	if _, err := st.Add(ctx, Definition{Name: "x", Schedule: "@every 1s", Spec: spec}, false); err != nil {
+		t.Fatal(err)
+	}
+	fired("x")
+	x := fetch() // held unacknowledged: its relaying keeps failing
+	if _, err := st.Add(ctx, Definition{Name: "y", Schedule: "@every 1s", Spec: spec}, false); err != nil {
+		t.Fatal(err)
+	}
+	fired("y")
+	if err := fetch().DoubleAck(ctx); err != nil { // y's tick relayed, its arming lost
+		t.Fatal(err)
+	}
+	r := NewRelay(js)
+	r.store, r.quiet = st, time.Second
+	natstest.Eventually(t, 10*time.Second, "y armed by Reconcile", func() bool {
+		_ = x.InProgress()
+		if err := r.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e, err := st.Get(ctx, "y")
+		return err == nil && !e.Next.IsZero()
+	})
 }

@@ -35,6 +35,13 @@ const reconcileEvery = time.Minute
 // reconcileTimeout bounds one Reconcile: a few requests per schedule.
 const reconcileTimeout = 5 * time.Minute
 
+// relayQuiet is how long after a tick fired Reconcile leaves its schedule
+// to the tick's relay: two ack waits and a handling.
+const relayQuiet = 2*relayAckWait + handleTimeout
+
+// relayAckWait is the relay consumer's ack wait.
+const relayAckWait = 30 * time.Second
+
 // Relay turns fired ticks into submissions and arms the next tick. Run one
 // in every scheduler; they share one durable consumer.
 type Relay struct {
@@ -50,8 +57,8 @@ type Relay struct {
 	handling sync.WaitGroup
 	// streams are the deployment's stream options (replicas).
 	streams streams.Options
-	// reconcileEvery: see the constant.
-	reconcileEvery time.Duration
+	// reconcileEvery and quiet: see reconcileEvery and relayQuiet.
+	reconcileEvery, quiet time.Duration
 }
 
 // RelayOption configures a Relay.
@@ -72,7 +79,7 @@ func WithStreams(o streams.Options) RelayOption { return func(r *Relay) { r.stre
 
 // NewRelay returns a relay on js; Start runs it.
 func NewRelay(js jetstream.JetStream, opts ...RelayOption) *Relay {
-	r := &Relay{js: js, events: events.NewPublisher(js), log: zerolog.Nop(), now: time.Now, reconcileEvery: reconcileEvery}
+	r := &Relay{js: js, events: events.NewPublisher(js), log: zerolog.Nop(), now: time.Now, reconcileEvery: reconcileEvery, quiet: relayQuiet}
 	for _, o := range opts {
 		o(r)
 	}
@@ -94,7 +101,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	st.now = r.now
 	r.store = st
 	if err := r.Reconcile(ctx); err != nil {
-		return err
+		// Not a reason to stop: the next round tries again.
+		r.log.Warn().Err(err).Msg("schedules not reconciled at start; tried again in a while")
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	// A tick in progress is finished even when the relay stops: stopping
@@ -141,7 +149,7 @@ func relayConsumerConfig() jetstream.ConsumerConfig {
 		Description:   "Shared by every scheduler: fired schedule ticks, relayed to warden.submit.",
 		FilterSubject: protocol.ScheduleTickSubject("*"),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       relayAckWait,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		MaxAckPending: 256,
 	}
@@ -161,30 +169,35 @@ func (r *Relay) Stop() {
 // written by hand, an add or replace whose arming failed). Start runs it,
 // and then every reconcileEvery.
 //
-// A schedule whose last tick the relays have not acknowledged yet is left
-// alone: that tick is being relayed (or waits to be), and its relay arms
-// the next timer after it. Armed here instead, the timer had no
-// Warden-Schedule-After and could replace the relay's, and one armed while
-// the tick's relaying kept failing could fire a later tick over it (the
-// stream keeps one tick per schedule), which was then never submitted.
-// Each schedule is read again just before it is armed. One that cannot be
-// armed does not stop the others.
+// A schedule whose last tick fired less than r.quiet ago and may not be
+// acknowledged yet (above the relay consumer's ack floor) is left alone:
+// that tick is being relayed, and its relay arms the next timer after it.
+// Armed here instead, the timer had no Warden-Schedule-After and could
+// replace the relay's. Only that long: the ack floor is the consumer's, so
+// one tick whose relaying keeps failing holds it down for every schedule
+// that ticked after it. Each schedule is read again just before it is
+// armed. One that cannot be armed does not stop the others.
 func (r *Relay) Reconcile(ctx context.Context) error {
 	entries, err := r.store.List(ctx)
 	if err != nil {
 		return err
 	}
 	acked := r.ackFloor(ctx)
+	now, err := r.store.serverTime(ctx)
+	if err != nil {
+		return err
+	}
+	relaying := func(e Entry) bool { return e.tickSeq > acked && now.Sub(e.LastTick) < r.quiet }
 	var errs []error
 	for _, e := range entries {
-		if e.timerCurrent() || e.tickSeq > acked {
+		if e.timerCurrent() || relaying(e) {
 			continue
 		}
 		e, err := r.store.Get(ctx, e.Name)
 		if errors.Is(err, ErrNotFound) {
 			continue
 		}
-		if err == nil && !e.timerCurrent() && e.tickSeq <= acked {
+		if err == nil && !e.timerCurrent() && !relaying(e) {
 			err = r.armNow(ctx, e)
 		}
 		if err != nil {
@@ -195,16 +208,19 @@ func (r *Relay) Reconcile(ctx context.Context) error {
 }
 
 // ackFloor is the stream sequence up to which the relays have acknowledged
-// every tick; with no relay consumer to ask (before the first start, or
-// lost), every tick counts as acknowledged.
+// every tick: with no relay consumer (before the first start, or lost),
+// every one; when it cannot be read, none.
 func (r *Relay) ackFloor(ctx context.Context) uint64 {
 	c, err := r.js.Consumer(ctx, streams.StreamSchedules, RelayConsumer)
-	if err != nil {
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return math.MaxUint64
+	}
+	if err != nil {
+		return 0
 	}
 	info, err := c.Info(ctx)
 	if err != nil {
-		return math.MaxUint64
+		return 0
 	}
 	return info.AckFloor.Stream
 }

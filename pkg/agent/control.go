@@ -54,9 +54,14 @@ func (a *Agent) control(body []byte) error {
 		key := protocol.TaskMsgID(c.JobID, c.StepID, c.Epoch)
 		v, ok := a.running.Load(key)
 		if !ok {
-			// Kept: its task may still be queued here (cancels.go).
+			// Kept: its task may still be queued here (cancels.go). Looked
+			// for again once kept: a run that registered between the two
+			// looked for a kept cancel before there was one.
 			a.cancels.add(key, c.Token, a.now())
-			return protocol.NewReplyError(protocol.CodeNotFound, "step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
+			if v, ok = a.running.Load(key); !ok {
+				return protocol.NewReplyError(protocol.CodeNotFound, "step %s.%s at epoch %d is not running here", c.JobID, c.StepID, c.Epoch)
+			}
+			a.cancels.take(key, c.Token, a.now())
 		}
 		a.log.Warn().Str("job_id", c.JobID).Str("step_id", c.StepID).Msg("cancelling a running step on request")
 		v.(*runningTask).cancel(ErrCancelled)
