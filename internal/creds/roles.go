@@ -126,7 +126,12 @@ func Roles(taskShards int) []Role {
 	// Reading the deployment: jobs, presence, health, events, dead letters.
 	readData := slices.Concat(base, readKV(protocol.BucketJobs), readKV(protocol.BucketPresence),
 		readKV(protocol.BucketHealth), readKV(protocol.BucketClusters), readKV(protocol.BucketClusterRuntime), readStream(protocol.StreamEvents), readStream(protocol.StreamDLQ),
-		readStream(streams.StreamSchedules),
+		// Schedules are listed by stream info and last-message gets
+		// (internal/schedule Store), never through a consumer: one on
+		// WARDEN_SCHEDULES could pull, ack, re-filter or delete the
+		// schedulers' shared durable schedule-relay and so submit no
+		// recurring job at all.
+		[]string{streamInfo(streams.StreamSchedules), msgGet(streams.StreamSchedules)}, directGet(streams.StreamSchedules),
 		// A duplicate submission is checked against the one it repeats
 		// (pkg/client: still queued, delayed, a job, or rejected).
 		[]string{msgGet(protocol.StreamSubmit), msgGet(protocol.StreamDelay)},
@@ -149,8 +154,9 @@ func Roles(taskShards int) []Role {
 
 	// Operating it: change job records (cancel, retry), order agents,
 	// supervisors and schedulers (control subjects), retry and purge dead
-	// letters, submit.
-	operate := slices.Concat(read, submit, []string{
+	// letters, submit. What the HTTP API does of it (jobs); the CLI's admin
+	// adds schedules and the operator's reach (operate below).
+	operateJobs := []string{
 		"$KV." + protocol.BucketJobs + ".>",
 		// Cluster definitions, requests, and a deleted cluster's state
 		// (warden cluster ...).
@@ -160,13 +166,23 @@ func Roles(taskShards int) []Role {
 		// its whole timeout for a PubAck that never came.
 		protocol.EventSubject(protocol.EventClusterCreated, "*"), protocol.EventSubject(protocol.EventClusterUpdated, "*"),
 		protocol.EventSubject(protocol.EventClusterDeleted, "*"),
+		msgDelete(protocol.StreamDLQ), "$JS.API.STREAM.PURGE." + protocol.StreamDLQ,
+	}
+	operate := slices.Concat(read, submit, operateJobs, []string{
 		// Schedules (warden schedule add|rm): definitions and timers; rm
 		// purges a schedule's subjects.
 		protocol.SubjectSchedulePrefix + ".def.*", protocol.SubjectSchedulePrefix + ".timer.*",
 		"$JS.API.STREAM.PURGE." + streams.StreamSchedules,
 		"warden.control.>",
-		msgDelete(protocol.StreamDLQ), "$JS.API.STREAM.PURGE." + protocol.StreamDLQ,
 		"warden.ops.>", "$SRV.>",
+	})
+	// The HTTP API: its routes' reach only. Not discovery ($SRV: answered
+	// with the answering process's permissions on any reply subject, it
+	// wrote the deployment record through the scheduler), not the other
+	// processes' ops endpoints, not schedules (it has no schedule routes);
+	// of the control subjects, advance, failover and orders to agents.
+	api := slices.Concat(readData, submit, operateJobs, []string{
+		protocol.SubjectControlAdvance, protocol.SubjectControlFailover, "warden.control.agent.>",
 	})
 
 	// The deployment record (task shards, partitions) every process
@@ -242,8 +258,8 @@ func Roles(taskShards int) []Role {
 			Pub: read, Sub: []string{inbox(RoleReadonly)}},
 		{Name: RoleAdmin, Purpose: "`warden` CLI for operating: submit, job cancel/retry, agent drain/undrain/limit/failover, dlq retry/purge, and everything readonly does.",
 			Pub: operate, Sub: []string{inbox(RoleAdmin)}},
-		{Name: RoleAPI, Purpose: "`warden api` (HTTP API): what admin may do, under its own identity.",
-			Pub: operate, Sub: append([]string{inbox(RoleAPI)}, microService(RoleAPI)...), Responses: true},
+		{Name: RoleAPI, Purpose: "`warden api` (HTTP API): what its routes do of admin's (jobs, agents, dead letters, clusters), under its own identity.",
+			Pub: api, Sub: append([]string{inbox(RoleAPI)}, microService(RoleAPI)...), Responses: true},
 	}
 }
 

@@ -245,6 +245,11 @@ func TestReadonlyCannotChangeAnything(t *testing.T) {
 		protocol.EventSubject("healing", "x"),
 		"warden.ops.api.admin.jobs.cancel",
 		"warden.ops.scheduler.admin.jobs.retry",
+		// The schedulers' shared tick consumer: pulled, acked, re-filtered
+		// or deleted, no recurring job would be submitted.
+		"$JS.API.CONSUMER.MSG.NEXT." + streams.StreamSchedules + ".schedule-relay",
+		"$JS.API.CONSUMER.CREATE." + streams.StreamSchedules + ".schedule-relay",
+		"$JS.API.CONSUMER.DELETE." + streams.StreamSchedules + ".schedule-relay",
 	} {
 		if err := r.nc.Publish(subj, []byte(`{}`)); err != nil {
 			t.Fatal(err)
@@ -312,5 +317,29 @@ func TestEnsureWithoutSetupRights(t *testing.T) {
 	var pe *natsconn.PermissionError
 	if !asPerm(natsconn.Explain(s.nc, since, err), &pe) {
 		t.Fatalf("Explain(%v) is not a PermissionError", err)
+	}
+}
+
+// TestAPIReachesOnlyWhatItsRoutesNeed: the HTTP API's identity may not
+// send discovery requests (answered on any reply subject with the
+// answering process's permissions: a ping whose reply subject was the
+// deployment record's key overwrote it through the scheduler), call the
+// other processes' ops endpoints, or write schedules (it has no schedule
+// route).
+func TestAPIReachesOnlyWhatItsRoutesNeed(t *testing.T) {
+	d := start(t)
+	d.setupStreams(t)
+	a := d.connect(t, creds.RoleAPI)
+	for _, subj := range []string{
+		"$SRV.PING", "$SRV.PING.warden-scheduler", "$SRV.INFO.warden-supervisor",
+		"warden.ops.scheduler.jobs.list", "warden.ops.scheduler.admin.jobs.retry",
+		protocol.ScheduleDefSubject("x"), protocol.ScheduleTimerSubject("x"),
+		"$JS.API.STREAM.PURGE." + streams.StreamSchedules,
+		protocol.SubjectControlGateFreed,
+	} {
+		if err := a.nc.Publish(subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+		a.expectRefused(t, "publish", subj)
 	}
 }
