@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
+	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -225,6 +226,7 @@ func Generate(c Config) (*Manifest, error) {
 	if err := ensureSysUser(c.Dir, m, sys); err != nil {
 		return nil, err
 	}
+	named := map[string]bool{}
 	for _, a := range c.Agents {
 		pool, id, ok := strings.Cut(a, ".")
 		if !ok {
@@ -233,6 +235,11 @@ func Generate(c Config) (*Manifest, error) {
 		if _, err := mintAgent(c.Dir, m, sk, pool, id, false); err != nil {
 			return nil, err
 		}
+		bare, _, _ := strings.Cut(id, "@")
+		named[AgentIdentity(pool, bare)] = true
+	}
+	if err := resignAgents(c.Dir, m, sk, named); err != nil {
+		return nil, err
 	}
 	// The CA and server certificate are always made (cheap, and the
 	// compose file can mount them either way); server.conf uses them only
@@ -330,6 +337,64 @@ func mintAgent(dir string, m *Manifest, sk nkeys.KeyPair, pool, id string, rotat
 	}
 	path := AgentCredsPath(dir, pool, id)
 	return path, ensureUser(dir, m, sk, r, path, rotate)
+}
+
+// resignAgents signs again, with the code's current permissions, every
+// agent minted earlier (`warden creds agent`, an earlier init's --agents)
+// and not named in this run: init re-signed only the fixed roles and the
+// agents it was given, so a tightened permission never reached the rest,
+// whose JWTs do not expire. Each keeps its key and its cluster (read from
+// its current JWT); one whose .creds file is not in dir, or whose key was
+// revoked, is left alone (re-signing it would need a new key, and so a new
+// file for its holder).
+func resignAgents(dir string, m *Manifest, sk nkeys.KeyPair, named map[string]bool) error {
+	for _, identity := range slices.Sorted(maps.Keys(m.Users)) {
+		rest, ok := strings.CutPrefix(identity, "agent.")
+		if !ok || named[identity] {
+			continue
+		}
+		if _, revoked := m.Revoked[m.Users[identity]]; revoked {
+			continue
+		}
+		pool, id, ok := strings.Cut(rest, ".")
+		if !ok {
+			continue
+		}
+		file, err := os.ReadFile(AgentCredsPath(dir, pool, id))
+		if err != nil {
+			continue
+		}
+		if kp, revoked := usableKey(m, file); revoked || kp == nil {
+			continue
+		}
+		if c := clusterOf(file); c != "" {
+			id += "@" + c
+		}
+		if _, err := mintAgent(dir, m, sk, pool, id, false); err != nil {
+			return fmt.Errorf("re-sign %s: %w", identity, err)
+		}
+	}
+	return nil
+}
+
+// clusterOf is the cluster an agent credential was minted for ("" for
+// none): the cluster lease key its JWT may write (AgentInCluster).
+func clusterOf(creds []byte) string {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return ""
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return ""
+	}
+	prefix := "$KV." + protocol.BucketClusterLeases + "." + protocol.ClusterLeaseKey("")
+	for _, s := range uc.Permissions.Pub.Allow {
+		if c, ok := strings.CutPrefix(s, prefix); ok && protocol.ValidToken(c) {
+			return c
+		}
+	}
+	return ""
 }
 
 // checkAgentID refuses agent <pool>.<id> when users (identity → key)
