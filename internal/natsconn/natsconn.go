@@ -125,21 +125,37 @@ func Connect(o Options, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, er
 }
 
 // Redact hides the password of a server URL (user:pass@host) so URLs can be
-// logged.
+// logged. An entry without a scheme is read as nats.go reads it (with
+// nats://): "u:secret@h:4222" was printed as it was. One that does not
+// parse is not printed at all.
 func Redact(raw string) string {
 	parts := strings.Split(raw, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			continue
-		}
+		parts[i] = redactOne(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
+}
+
+func redactOne(p string) string {
+	bare := !strings.Contains(p, "://")
+	if bare {
+		p = "nats://" + p
+	}
+	u, err := url.Parse(p)
+	if err != nil {
+		return "(unparseable url)"
+	}
+	if u.User != nil {
 		if _, ok := u.User.Password(); ok {
-			parts[i] = u.Redacted()
+			p = u.Redacted()
 		} else {
 			// nats://<token>@host: the user name is the secret.
 			u.User = url.User("xxxxx")
-			parts[i] = u.String()
+			p = u.String()
 		}
 	}
-	return strings.Join(parts, ",")
+	if bare {
+		p = strings.TrimPrefix(p, "nats://")
+	}
+	return p
 }

@@ -96,3 +96,20 @@ func TestShippedConfigsWriteOutEveryNATSSetting(t *testing.T) {
 		}
 	}
 }
+
+// A server list entry without a scheme (nats.go adds nats:// itself) has
+// its password hidden too, and one that does not parse is not printed.
+//
+// Old code: "u:secret2@h2:4222" and "tok3n@h3:4222" printed as they were.
+func TestRedactHidesSecretsOfEntriesWithoutAScheme(t *testing.T) {
+	t.Parallel()
+	got := natsconn.Redact("nats://u:p@h1:4222,u:secret2@h2:4222,tok3n@h3:4222,h4:4222,nats://u:%zz@h5")
+	for _, secret := range []string{"secret2", "tok3n", "%zz"} {
+		if strings.Contains(got, secret) {
+			t.Fatalf("Redact printed %q: %s", secret, got)
+		}
+	}
+	if !strings.Contains(got, "h2:4222") || !strings.Contains(got, "h4:4222") {
+		t.Fatalf("Redact lost the hosts: %s", got)
+	}
+}
