@@ -27,25 +27,10 @@ import (
 // does not.
 func TestAFailedReopenKeepsTheRetentionOfTheEndedSteps(t *testing.T) {
 	t.Parallel()
-	const maxPayload = 64 << 10
-	srv := natstest.NewLimited(t, maxPayload)
-	_, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store, err := jobstore.Open(ctx, js, jobstore.WithRetention(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, store := limitedStore(t, jobstore.WithRetention(time.Hour))
 	const id = "job-big"
 	now := time.Now().UTC()
-	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
-	job := jobstore.NewJob(id, sp, now)
-	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, "step b failed", now
-	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	job, steps := failedJobOfTwo(t, id, "step b failed", now)
 	steps[0].State, steps[0].FinishedAt = jobstore.StepSucceeded, now
 	// Step b failed, its record holding only what the reopen keeps or
 	// grows: it grows by 15 bytes (the last error's prefix, 31, and
@@ -101,25 +86,11 @@ func TestAFailedReopenKeepsTheRetentionOfTheEndedSteps(t *testing.T) {
 // step the operator had asked to run.
 func TestAJobRetryThatFailedPartWayCanBeRetried(t *testing.T) {
 	t.Parallel()
-	const maxPayload = 64 << 10
-	srv := natstest.NewLimited(t, maxPayload)
-	_, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store, err := jobstore.Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, store := limitedStore(t)
 	const id = "job-partial"
 	now := time.Now().UTC()
-	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
-	job := jobstore.NewJob(id, sp, now)
-	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, "step a failed", now
-	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	job, steps := failedJobOfTwo(t, id, "step a failed", now)
+	sp := job.Spec
 	for _, st := range steps {
 		st.State, st.Desired, st.UpdatedAt, st.LastError = jobstore.StepFailed, jobstore.StepSucceeded, now, "x"
 	}
@@ -171,4 +142,37 @@ func TestAJobRetryThatFailedPartWayCanBeRetried(t *testing.T) {
 	if _, err := dlq.RetryJob(ctx, store, "job-running", now); !errors.Is(err, dlq.ErrWrongState) {
 		t.Fatalf("retry of a running job with nothing failed: %v, want %v", err, dlq.ErrWrongState)
 	}
+}
+
+// maxPayload is the server's max_payload in these tests: a record grown by
+// a reopen can pass it.
+const maxPayload = 64 << 10
+
+// limitedStore is a job store on a server of maxPayload.
+func limitedStore(t *testing.T, opts ...jobstore.Option) (context.Context, *jobstore.Store) {
+	t.Helper()
+	srv := natstest.NewLimited(t, maxPayload)
+	_, js := srv.Connect(t)
+	srv.Ensure(t, js, streams.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	store, err := jobstore.Open(ctx, js, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, store
+}
+
+// failedJobOfTwo is job id of steps a and b, failed with why, and its
+// steps' records as created (to be ended by the caller).
+func failedJobOfTwo(t *testing.T, id, why string, now time.Time) (*jobstore.Job, []*jobstore.Step) {
+	t.Helper()
+	sp := spec.Job{Name: "r", Steps: []spec.Step{{ID: "a", Action: "echo"}, {ID: "b", Action: "echo"}}}
+	job := jobstore.NewJob(id, sp, now)
+	job.State, job.Error, job.FinishedAt = jobstore.JobFailed, why, now
+	steps, err := jobstore.NewSteps(id, sp, jobstore.StepDefaults{Timeout: time.Minute}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job, steps
 }

@@ -113,19 +113,12 @@ func TestSkipsOfAFailureThatLostItsWriteDoNotLand(t *testing.T) {
 
 	// The scheduler reads the job for c's result and keeps it.
 	b.publish(t, agentResult(id, "c", now))
-	natstest.Eventually(t, 10*time.Second, "c succeeded", func() bool {
-		st, _, err := b.store.Step(ctx, id, "c")
-		return err == nil && st.State == jobstore.StepSucceeded
-	})
+	waitStep(t, b, id, "c", jobstore.StepSucceeded)
 	// The supervisor moves a to another agent at epoch 2.
 	moveToAgent2(t, b, id, "a")
 
 	// agent-1's permanent failure at epoch 1 reaches the cached copy.
-	failed := agentResult(id, "a", now)
-	r := protocol.Result{JobID: id, StepID: "a", Epoch: 1, Agent: "agent-1", Status: protocol.ResultFailed,
-		Error: "boom", ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
-	failed.Data, _ = json.Marshal(r)
-	b.publish(t, failed)
+	b.publish(t, agentFailure(id, "a", now))
 	// Read again, the result is stale: the scheduler records that.
 	waitStaleResult(t, b, id)
 	// agent-2's success at epoch 2 makes b ready; no agent is there to
@@ -228,10 +221,7 @@ func TestDependentOfASuccessThatLostItsWriteIsNotDispatched(t *testing.T) {
 	storeStaleCandidate(t, b, id, "echo")
 	now := time.Now().UTC()
 	b.publish(t, agentResult(id, "c", now)) // the scheduler reads the job and keeps it
-	natstest.Eventually(t, 10*time.Second, "c succeeded", func() bool {
-		st, _, err := b.store.Step(ctx, id, "c")
-		return err == nil && st.State == jobstore.StepSucceeded
-	})
+	waitStep(t, b, id, "c", jobstore.StepSucceeded)
 	moveToAgent2(t, b, id, "a")
 	b.publish(t, agentResult(id, "a", now)) // agent-1's success at epoch 1 meets the cached copy
 	waitStaleResult(t, b, id)
@@ -263,18 +253,11 @@ func TestUndoIsNotCreatedWhenItsCompensationDidNotStart(t *testing.T) {
 		{ID: "a", Action: "echo", Compensate: &spec.Compensation{Action: "echo"}}, {ID: "x", Action: "echo"}}}
 	storeRunningJob(t, b.store, id, sp, now)
 	b.publish(t, agentResult(id, "a", now))
-	natstest.Eventually(t, 10*time.Second, "a succeeded", func() bool {
-		st, _, err := b.store.Step(ctx, id, "a")
-		return err == nil && st.State == jobstore.StepSucceeded
-	})
+	waitStep(t, b, id, "a", jobstore.StepSucceeded)
 	// An operator's cancel has written the job record; its advance is
 	// not here yet.
 	b.editJob(t, id, func(j *jobstore.Job) { j.Desired, j.UpdatedAt = jobstore.JobCancelled, time.Now().UTC() })
-	failed := agentResult(id, "x", now)
-	r := protocol.Result{JobID: id, StepID: "x", Epoch: 1, Agent: "agent-1", Status: protocol.ResultFailed,
-		Error: "boom", ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
-	failed.Data, _ = json.Marshal(r)
-	b.publish(t, failed)
+	b.publish(t, agentFailure(id, "x", now))
 	j := b.waitJob(t, id, jobstore.JobCancelled)
 	tasks.drain(t, 200*time.Millisecond)
 	undo := spec.CompensationID("a")
@@ -357,10 +340,7 @@ func TestEventOfAWriteThatLandedIsSentWhenALaterOneLost(t *testing.T) {
 		{ID: "a", Action: "noop", Compensate: &spec.Compensation{Action: "noop"}}, {ID: "x", Action: "noop"}}}
 	storeRunningJob(t, b.store, id, sp, now)
 	b.publish(t, agentResult(id, "a", now)) // the scheduler reads the job and keeps it
-	natstest.Eventually(t, 10*time.Second, "a succeeded", func() bool {
-		st, _, err := b.store.Step(ctx, id, "a")
-		return err == nil && st.State == jobstore.StepSucceeded
-	})
+	waitStep(t, b, id, "a", jobstore.StepSucceeded)
 	undo, _ := sp.Steps[0].CompensationStep()
 	recs, err := jobstore.NewSteps(id, spec.Job{Steps: []spec.Step{undo}}, jobstore.StepDefaults{Timeout: time.Minute}, now)
 	if err != nil {
@@ -369,11 +349,7 @@ func TestEventOfAWriteThatLandedIsSentWhenALaterOneLost(t *testing.T) {
 	if _, err := b.store.CreateStep(ctx, recs[0]); err != nil {
 		t.Fatal(err)
 	}
-	failed := agentResult(id, "x", now)
-	r := protocol.Result{JobID: id, StepID: "x", Epoch: 1, Agent: "agent-1", Status: protocol.ResultFailed,
-		Error: "boom", ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
-	failed.Data, _ = json.Marshal(r)
-	b.publish(t, failed)
+	b.publish(t, agentFailure(id, "x", now))
 	b.waitJob(t, id, jobstore.JobCompensating)
 	natstest.Eventually(t, 10*time.Second, "a job_compensating event", func() bool {
 		s, err := b.js.Stream(ctx, protocol.StreamEvents)
@@ -382,5 +358,24 @@ func TestEventOfAWriteThatLandedIsSentWhenALaterOneLost(t *testing.T) {
 		}
 		info, err := s.Info(ctx, jetstream.WithSubjectFilter(protocol.EventSubject(protocol.EventJobCompensating, id)))
 		return err == nil && info.State.Msgs == 1
+	})
+}
+
+// agentFailure is agent-1's permanent failure of a step dispatched by
+// storeDispatched.
+func agentFailure(job, step string, now time.Time) *nats.Msg {
+	m := agentResult(job, step, now)
+	r := protocol.Result{JobID: job, StepID: step, Epoch: 1, Agent: "agent-1", Status: protocol.ResultFailed,
+		Error: "boom", ErrorClass: protocol.ClassPermanent, StartedAt: now, FinishedAt: now}
+	m.Data, _ = json.Marshal(r)
+	return m
+}
+
+// waitStep waits until step of job is in state.
+func waitStep(t *testing.T, b *bundle, job, step string, state jobstore.StepState) {
+	t.Helper()
+	natstest.Eventually(t, 10*time.Second, step+" "+string(state), func() bool {
+		st, _, err := b.store.Step(context.Background(), job, step)
+		return err == nil && st.State == state
 	})
 }
