@@ -137,7 +137,7 @@ func (h *healer) heal(ctx context.Context, now time.Time) {
 		if h.selfHealing {
 			want = actionFor(a.Level)
 		}
-		if !c.settled(want) && c.due(now, h.cycle) {
+		if !c.settled(want) && c.due(now, h.cycle) && !drainedByAnother(p, c, want) {
 			h.apply(ctx, p, c, want, a, now)
 		}
 		if why := c.moveDue(want, now, h.drainTimeout); why != "" && c.due(now, h.cycle) {
@@ -145,6 +145,16 @@ func (h *healer) heal(ctx context.Context, now time.Time) {
 		}
 		_ = h.assessor.store(ctx, p, a, c.state(), now)
 	}
+}
+
+// drainedByAnother says the agent is drained by someone other than
+// healing (an operator's `warden agent drain`), and want would drain or
+// limit it: healing leaves it alone and takes no hold. Taking one, it
+// undrained the agent once it recovered (the agent keeps one drain flag,
+// whoever set it), putting back in service a host an operator had taken
+// out. A failover still goes ahead: the agent's queue must move.
+func drainedByAnother(p protocol.Presence, c *agentCare, want string) bool {
+	return p.Draining && !c.held.drain && (want == ActionDrain || want == ActionReduceLoad)
 }
 
 // apply sends the orders that take the agent from what it may hold to what

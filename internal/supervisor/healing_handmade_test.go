@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/wardenhq/warden/internal/health"
+	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/supervisor"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
@@ -29,6 +31,7 @@ type handmade struct {
 	failed    uint64
 	started   time.Time // started_at
 	frozen    bool      // heartbeat_at stops moving; the record is still refreshed
+	draining  bool      // drained (by an operator: see drain)
 	beatAt    time.Time // heartbeat_at of the last record written
 	orders    []string
 }
@@ -77,7 +80,7 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 		}
 		p := protocol.Presence{ID: id, Pool: pool, MaxConcurrent: 4, Succeeded: h.succeeded, Failed: h.failed,
 			Version: "handmade", Host: "test", StartedAt: h.started, HeartbeatAt: h.beatAt,
-			HeartbeatInterval: protocol.Duration(250 * time.Millisecond)}.Routed(streams.DefaultTaskShards)
+			HeartbeatInterval: protocol.Duration(250 * time.Millisecond), Draining: h.draining}.Routed(streams.DefaultTaskShards)
 		h.mu.Unlock()
 		v, _ := json.Marshal(p)
 		_, err := kv.Put(ctx, protocol.PresenceKey(pool, id), v)
@@ -110,6 +113,14 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 }
 
 // report sets the cumulative counters of the next records.
+// drain makes the next records say the agent drains, as one an operator
+// drained does (not through this test's control subscription).
+func (h *handmade) drain() {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+}
+
 func (h *handmade) report(succeeded, failed uint64) {
 	h.mu.Lock()
 	h.succeeded, h.failed = succeeded, failed
@@ -179,4 +190,40 @@ func lastOrder(orders []string) string {
 		return ""
 	}
 	return orders[len(orders)-1]
+}
+
+// An agent an operator drained is left alone by self-healing: it takes no
+// hold, so it never undrains it. It drained the agent again when it turned
+// critical (no change on the agent, which keeps one drain flag), recorded
+// the drain as its own, and undrained it once the agent recovered: a host
+// the operator had taken out of service took tasks again.
+//
+// Old code: "orders [drain undrain]: healing ordered an agent an operator
+// had drained".
+func TestHealingLeavesAnOperatorsDrainAlone(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	v, _ := b.supervisorStoppable(t, healingConfig())
+	waitClosed(t, v.Leading(), "the supervisor leads")
+	a := startHandmade(t, b, "default", "x", obey)
+	key := protocol.PresenceKey("default", "x")
+	natstest.Eventually(t, 20*time.Second, "assessed", func() bool {
+		_, ok := b.healthRecord(t, key)
+		return ok
+	})
+	a.drain()
+	a.report(0, 13) // critical: healing would drain it
+	natstest.Eventually(t, 20*time.Second, "assessed critical", func() bool {
+		r, ok := b.healthRecord(t, key)
+		return ok && r.Level == health.Critical
+	})
+	a.report(200, 13) // recovered: healing would undo what it holds
+	natstest.Eventually(t, 20*time.Second, "assessed out of critical again", func() bool {
+		r, ok := b.healthRecord(t, key)
+		return ok && r.Level != health.Critical
+	})
+	// A cycle's orders go out before its record is written.
+	if o := a.Orders(); len(o) != 0 {
+		t.Fatalf("orders %v: healing ordered an agent an operator had drained", o)
+	}
 }
