@@ -36,9 +36,13 @@ type Update struct {
 // Records come without their steps' lease tokens (records.go).
 //
 // A job that does not exist yet is waited for: a submission is accepted
-// before the scheduler writes the record. Bound the wait with ctx.
+// before the scheduler writes the record. Bound the wait with ctx. A job
+// the scheduler rejected (it has no record, and no submission of it is on
+// its way) ends the follow with a *RejectedError, as FollowSubmission's
+// does: a queued or delayed job that was refused when a scheduler got to
+// it was followed for ever.
 func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)) (*Job, error) {
-	return c.follow(ctx, jobID, onUpdate, nil)
+	return c.FollowSubmission(ctx, Receipt{JobID: jobID}, onUpdate)
 }
 
 // follow is Follow; while the job has no record it also calls poll (if
@@ -188,12 +192,10 @@ const rejectionPoll = time.Second
 // limit it names may be gone): a rejection of the job with a later
 // sequence ends the follow too, once nothing of the job is left — no
 // record, no submission on its way (a resubmission of the same id may be
-// rejected while this one still waits). A caller that may not read
-// WARDEN_EVENTS follows as Follow does.
+// rejected while this one still waits). Without r.Sequence (Follow), only
+// such a rejection counts. A caller that may not read WARDEN_EVENTS only
+// follows.
 func (c *Client) FollowSubmission(ctx context.Context, r Receipt, onUpdate func(Update)) (*Job, error) {
-	if r.Sequence == 0 {
-		return c.Follow(ctx, r.JobID, onUpdate) // no stream sequence to match
-	}
 	var events jetstream.Stream // looked up once
 	return c.follow(ctx, r.JobID, onUpdate, func(ctx context.Context) error {
 		if events == nil {

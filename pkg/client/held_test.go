@@ -299,3 +299,26 @@ func TestCancelQueuedJobBeforeASchedulerTakesIt(t *testing.T) {
 		t.Fatalf("record %+v, %v; want cancelled", j, err)
 	}
 }
+
+// Following a queued job (accepted while no scheduler ran) that the
+// scheduler then rejects ends with the rejection. Follow looked for
+// rejections only when given a submission's receipt (submit --wait), so
+// `warden job follow` of such a job waited for ever: no record is ever
+// written for a rejected submission.
+//
+// Old code: "following job …: context deadline exceeded".
+func TestFollowOfAQueuedJobTheSchedulerRejectsEnds(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	r, err := s.client.Submit(ctx(t), []byte(`{"name":"q","steps":[{"id":"s","action":"echo","rate_limit":"crm"}]}`), client.SubmitOptions{NoReply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.startScheduler(t, scheduler.Config{}) // knows no rate limit "crm": rejects it
+	fctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	_, err = s.client.Follow(fctx, r.JobID, nil)
+	if !errors.Is(err, client.ErrRejected) {
+		t.Fatalf("follow of a rejected queued job: %v, want %v", err, client.ErrRejected)
+	}
+}
