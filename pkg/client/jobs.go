@@ -84,21 +84,32 @@ type JobDetail struct {
 // (jobstore.ErrBehindLeader, also what a replica that lags answers). A
 // delayed job shown at its release failed `warden job show` with exit 2.
 func readJob(ctx context.Context, st *jobstore.Store, id string) (*jobstore.Job, error) {
-	for try := 1; ; try++ {
+	return readAgain(ctx, func() (*jobstore.Job, error) {
 		j, _, err := st.Job(ctx, id)
-		if !errors.Is(err, jobstore.ErrBehindLeader) || try == readJobTries {
-			return j, err
+		return j, err
+	})
+}
+
+// readAgain runs read again while a replica behind the stream's leader
+// answers it (jobstore.ErrBehindLeader), at most readTries times: the
+// job's record and its steps' are read from any replica, and the steps'
+// read failed `warden job show` with exit 2 (conflict) as the job's did.
+func readAgain[T any](ctx context.Context, read func() (T, error)) (T, error) {
+	for try := 1; ; try++ {
+		v, err := read()
+		if !errors.Is(err, jobstore.ErrBehindLeader) || try == readTries {
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return v, ctx.Err()
 		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
 		}
 	}
 }
 
-// readJobTries bounds readJob's reads (200 ms of waits in all).
-const readJobTries = 5
+// readTries bounds readAgain's reads (200 ms of waits in all).
+const readTries = 5
 
 // Job reads one job and its steps, without their lease tokens (records.go).
 // A job accepted but not made yet (held until its start time, or queued for
@@ -134,7 +145,7 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	vs, err := st.Steps(ctx, j)
+	vs, err := readAgain(ctx, func() ([]jobstore.VersionedStep, error) { return st.Steps(ctx, j) })
 	if err != nil {
 		return JobDetail{}, err
 	}
