@@ -231,6 +231,9 @@ func (a *app) loadClusterView(ctx context.Context, st *cluster.Store, name strin
 	if err != nil {
 		return v, err
 	}
+	if v.Reports == nil {
+		v.Reports = []protocol.ClusterMemberReport{} // [] in --json, as every other list
+	}
 	if v.State != nil {
 		for _, r := range v.Reports {
 			if r.Digest != v.State.SyncDigest {

@@ -60,6 +60,11 @@ func TestClusterCommands(t *testing.T) {
 	if r := w("", "cluster", "show", "nope"); r.code != exitNotFound {
 		t.Fatalf("show unknown: %+v", r)
 	}
+	// No member reports yet: an empty list, as every --json list is
+	// (it printed null).
+	if r := w("", "--json", "cluster", "members", "prod-docker"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("members of a cluster with none: %+v, want []", r)
+	}
 
 	// Two members, in process.
 	startMembers(t, e, "prod-docker", "a", "b")
