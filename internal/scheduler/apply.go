@@ -211,7 +211,7 @@ func (s *Scheduler) newJobState(id string, sp *spec.Job, now time.Time) (*jobSta
 	}
 	js.dirtyJob = true
 	for i := range js.steps {
-		js.markStep(i)
+		js.markGuarded(i) // created after the job record, its idempotency guard
 	}
 	return js, nil
 }
@@ -247,7 +247,7 @@ func (s *Scheduler) completeJobState(snap *jobstore.Snapshot, now time.Time) (*j
 		return js, err
 	}
 	for _, i := range missing {
-		js.markStep(i)
+		js.markGuarded(i)
 	}
 	return js, nil
 }

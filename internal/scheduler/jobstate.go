@@ -223,12 +223,6 @@ func (js *jobState) writeIn(i int, r writeRound) {
 // compensation's): the job cannot end in it, since its terminal record
 // would land ahead of them (writes); it ends in the next turn.
 func (js *jobState) createsSteps() bool {
-	if js.job.Inline || len(js.dirtySteps) == 0 {
-		return false
-	}
-	if js.jobRev == 0 {
-		return true
-	}
 	for i := range js.dirtySteps {
 		if js.rounds[i] == roundGuarded {
 			return true
@@ -466,9 +460,6 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 			k, caused := js.rounds[i]
 			if !caused {
 				k = roundOwn
-			}
-			if js.jobRev == 0 {
-				k = roundGuarded // a new job: every step is created
 			}
 			writes[k] = append(writes[k], w)
 			idx[k] = append(idx[k], i)
