@@ -47,10 +47,9 @@ import (
 // 4.4 MB, 200,000 about 44 MB. Removed jobs' places are compacted away;
 // the map, as Go maps do, keeps its high-water size until a rebuild.
 type Index struct {
-	store  *Store
-	js     jetstream.JetStream
-	cfg    IndexConfig
-	stream string
+	store *Store
+	js    jetstream.JetStream
+	cfg   IndexConfig
 
 	mu    sync.RWMutex
 	ready bool   // built, and followed since; false from any failure
@@ -140,7 +139,7 @@ var (
 // NewIndex returns an index of store's jobs, read through js. Run builds
 // and keeps it; Store.UseIndex makes listings use it.
 func NewIndex(store *Store, js jetstream.JetStream, cfg IndexConfig) *Index {
-	return &Index{store: store, js: js, cfg: cfg.WithDefaults(), stream: store.stream}
+	return &Index{store: store, js: js, cfg: cfg.WithDefaults()}
 }
 
 // UseIndex has List answer from ix whenever it is current (nil: always
@@ -239,7 +238,7 @@ func (ix *Index) attempt(ctx context.Context, conn <-chan nats.Status, log zerol
 	if err != nil {
 		return false, cause(err)
 	}
-	cons, err := ix.js.OrderedConsumer(actx, ix.stream, jetstream.OrderedConsumerConfig{
+	cons, err := ix.js.OrderedConsumer(actx, ix.store.stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{jobKeysFilter},
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:       last + 1,
@@ -257,7 +256,7 @@ func (ix *Index) attempt(ctx context.Context, conn <-chan nats.Status, log zerol
 		it.Stop()
 		if ci := cons.CachedInfo(); ci != nil {
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = ix.js.DeleteConsumer(dctx, ix.stream, ci.Name)
+			_ = ix.js.DeleteConsumer(dctx, ix.store.stream, ci.Name)
 			dcancel()
 		}
 	}()

@@ -65,7 +65,7 @@ func (ix *Index) await(ctx context.Context) (uint64, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, ix.cfg.CatchUp)
 	defer cancel()
-	st, err := ix.js.Stream(cctx, ix.stream)
+	st, err := ix.js.Stream(cctx, ix.store.stream)
 	if err != nil {
 		return 0, fmt.Errorf("job index: last sequence: %w", err)
 	}
@@ -171,7 +171,7 @@ func (ix *Index) waitFor(cctx, ctx context.Context, gen, seq uint64) error {
 // direct get would) for the sequence of the first job write at or after
 // from.
 func (ix *Index) nextJobWrite(ctx context.Context, from uint64) (uint64, bool, error) {
-	msg, err := leaderGet(ctx, ix.js.Conn(), ix.stream, struct {
+	msg, err := leaderGet(ctx, ix.js.Conn(), ix.store.stream, struct {
 		Seq      uint64 `json:"seq"`
 		NextFor  string `json:"next_by_subj"`
 		NoHeader bool   `json:"no_hdr"`

@@ -110,7 +110,8 @@ func (ix *Index) wake() {
 	}
 }
 
-// slot is one job's entry as the index holds it (144 bytes).
+// slot is one job's entry as the index holds it (136 bytes, allocated in
+// the 144-byte size class).
 type slot struct {
 	JobEntry
 	removed bool

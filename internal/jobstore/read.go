@@ -27,11 +27,11 @@ type entry struct {
 
 const kvPrefix = "$KV." + protocol.BucketJobs + "."
 
-// The subjects of the job records' keys (job.<id>), all of them and less
-// the id: what a listing's scan and the index follow.
-const (
-	jobKeysFilter = kvPrefix + "job.*"
-	jobKeysPrefix = kvPrefix + "job."
+// The subjects of the job records' keys (protocol.JobKey), all of them
+// and less the id: what a listing's scan and the index follow.
+var (
+	jobKeysFilter = kvPrefix + protocol.JobKey("*")
+	jobKeysPrefix = kvPrefix + protocol.JobKey("")
 )
 
 // directLast asks for the last message of key: a record, a removal

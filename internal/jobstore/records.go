@@ -212,6 +212,13 @@ func (j *Job) TimeoutPending() bool {
 // be retried once it has ended.
 func (j *Job) CancelRequested() bool { return j.Desired == JobCancelled && !j.TimedOut }
 
+// StopsSteps reports whether j's steps are being stopped: it is to be
+// cancelled (an operator, a client, its timeout) and not compensating (a
+// compensation's undo runs under a cancelled job). The scheduler cancels
+// such a job's steps and publishes none of its tasks again; the
+// supervisor ends its steps cancelled rather than re-dispatching them.
+func (j *Job) StopsSteps() bool { return j.Desired == JobCancelled && j.State != JobCompensating }
+
 // TimeoutError words the error of a job that ran out of its timeout.
 func (j *Job) TimeoutError() string {
 	return fmt.Sprintf("timed out: not finished within its timeout of %s", j.Spec.Timeout)

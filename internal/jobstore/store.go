@@ -175,7 +175,7 @@ func (s *Store) Steps(ctx context.Context, j *Job) ([]VersionedStep, error) {
 
 // JobIDs lists the ids of every job in the store.
 func (s *Store) JobIDs(ctx context.Context) ([]string, error) {
-	l, err := s.kv.ListKeysFiltered(ctx, "job.*")
+	l, err := s.kv.ListKeysFiltered(ctx, protocol.JobKey("*"))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
 			return nil, nil
@@ -184,7 +184,7 @@ func (s *Store) JobIDs(ctx context.Context) ([]string, error) {
 	}
 	var ids []string
 	for k := range l.Keys() {
-		ids = append(ids, strings.TrimPrefix(k, "job."))
+		ids = append(ids, strings.TrimPrefix(k, protocol.JobKey("")))
 	}
 	return ids, nil
 }

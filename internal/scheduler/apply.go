@@ -317,7 +317,7 @@ const republishWithin = 90 * time.Second
 // job to be cancelled gets no task again either way (but a compensation,
 // which runs under a cancelled job, does).
 func (w *worker) republish(jt *jobTurn, js *jobState, now time.Time) {
-	if js.job.Desired == jobstore.JobCancelled && js.job.State != jobstore.JobCompensating {
+	if js.job.StopsSteps() {
 		return // its steps are being stopped (cancel); a compensation's run
 	}
 	for i, st := range js.steps {

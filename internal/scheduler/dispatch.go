@@ -23,7 +23,7 @@ import (
 func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 	js := jt.js
 	w.forgetArrived(jt)
-	if js.job.Desired == jobstore.JobCancelled && js.job.State != jobstore.JobCompensating {
+	if js.job.StopsSteps() {
 		w.cancel(jt, now)
 		return
 	}

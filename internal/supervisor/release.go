@@ -169,7 +169,7 @@ func cancelWanted(ctx context.Context, store *jobstore.Store, st *jobstore.Step)
 	if err != nil {
 		return false, err
 	}
-	return job.Desired == jobstore.JobCancelled && job.State != jobstore.JobCompensating, nil
+	return job.StopsSteps(), nil
 }
 
 // requeue puts the step back to pending for a scheduler to re-dispatch.
