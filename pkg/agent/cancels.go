@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"container/list"
 	"sync"
 	"time"
 )
@@ -21,44 +22,33 @@ const (
 )
 
 // earlyCancels are the cancel orders for dispatches not running here, by
-// "<job>.<step>.<epoch>".
+// "<job>.<step>.<epoch>", the oldest first (as recentReports keeps its).
 type earlyCancels struct {
-	mu   sync.Mutex
-	kept map[string]earlyCancel
-	// order holds the keys as they were added, each with the generation
-	// it was added at: a key taken and added again is trimmed by its
-	// newest entry only.
-	order []keptAt
-	gen   uint64
+	mu    sync.Mutex
+	order *list.List // of *earlyCancel
+	byKey map[string]*list.Element
 }
 
 type earlyCancel struct {
-	token string
-	at    time.Time
-	gen   uint64
+	key, token string
+	at         time.Time
 }
 
-type keptAt struct {
-	key string
-	gen uint64
+func newEarlyCancels() *earlyCancels {
+	return &earlyCancels{order: list.New(), byKey: map[string]*list.Element{}}
 }
-
-func newEarlyCancels() *earlyCancels { return &earlyCancels{kept: map[string]earlyCancel{}} }
 
 // add keeps a cancel order for key (token: the dispatch's lease token, or
 // "" for any) received at now.
 func (c *earlyCancels) add(key, token string, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
-	c.kept[key] = earlyCancel{token: token, at: now, gen: c.gen}
-	c.order = append(c.order, keptAt{key, c.gen})
-	for len(c.order) > earlyCancelsKept {
-		first := c.order[0]
-		c.order = c.order[1:]
-		if e, ok := c.kept[first.key]; ok && e.gen == first.gen {
-			delete(c.kept, first.key)
-		}
+	if el, ok := c.byKey[key]; ok {
+		c.order.Remove(el)
+	}
+	c.byKey[key] = c.order.PushBack(&earlyCancel{key: key, token: token, at: now})
+	for c.order.Len() > earlyCancelsKept {
+		delete(c.byKey, c.order.Remove(c.order.Front()).(*earlyCancel).key)
 	}
 }
 
@@ -67,10 +57,15 @@ func (c *earlyCancels) add(key, token string, now time.Time) {
 func (c *earlyCancels) take(key, token string, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.kept[key]
-	if !ok || (e.token != "" && e.token != token) {
+	el, ok := c.byKey[key]
+	if !ok {
 		return false
 	}
-	delete(c.kept, key)
+	e := el.Value.(*earlyCancel)
+	if e.token != "" && e.token != token {
+		return false
+	}
+	c.order.Remove(el)
+	delete(c.byKey, key)
 	return now.Sub(e.at) <= earlyCancelTTL
 }

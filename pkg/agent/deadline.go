@@ -68,8 +68,8 @@ func (p plan) deadlineCause(t *Task) error {
 	return ErrDeadline
 }
 
-// notStarted is the failure of a handler of task t whose deadline passed
+// notStarted is the failure of a handler whose deadline (cause) passed
 // before it could start.
-func (p plan) notStarted(t *Task) error {
-	return fmt.Errorf("%w: passed before the handler could start", p.deadlineCause(t))
+func notStarted(cause error) error {
+	return fmt.Errorf("%w: passed before the handler could start", cause)
 }

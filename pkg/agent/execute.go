@@ -35,7 +35,7 @@ func ExecuteConfig(ctx context.Context, cfg Config, h HandlerFunc, t *Task) prot
 	if p, ok := planTask(started, t.Deadline, t.Timeout.Std()); ok {
 		o = runHandler(ctx, handlerEnv{now: time.Now}, p, h, t)
 	} else {
-		o.err = fmt.Errorf("%w: passed before the handler could start", ErrDeadline)
+		o.err = notStarted(ErrDeadline)
 	}
 	r := buildResult(t, "", "", started, time.Now(), o.out, o.err)
 	_, _, _ = fitResult(&r, cfg.MaxResultBytes) // cannot fail: call encoded the output

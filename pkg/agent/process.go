@@ -126,16 +126,18 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	// lost its lease, was handed back unreported, dead-lettered unrun as
 	// expired at its redelivery, and counted as a recovery (poison after
 	// three). It is reported as a handler that could not start instead.
-	waitCtx := hctx
-	if !p.handlerDeadline.IsZero() {
+	// (Anything else has its slot at once: tasks are fetched for free
+	// slots only.)
+	suspect, waitCtx := isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)), hctx
+	if suspect && !p.handlerDeadline.IsZero() {
 		var stopWait context.CancelFunc
 		waitCtx, stopWait = context.WithDeadlineCause(hctx, p.handlerDeadline, ErrDeadline)
 		defer stopWait()
 	}
-	release := a.iso.acquire(waitCtx, isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)))
+	release := a.iso.acquire(waitCtx, suspect)
 	if release == nil && hctx.Err() == nil {
 		log.Warn().Msg("deadline passed while waiting to run alone: reporting it not started")
-		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, p.notStarted(task)), log)
+		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, notStarted(p.deadlineCause(task))), log)
 		return
 	}
 	if release == nil {
@@ -271,7 +273,7 @@ func runHandler(hctx context.Context, env handlerEnv, p plan, h HandlerFunc, t *
 	if !p.handlerDeadline.IsZero() {
 		cause := p.deadlineCause(t)
 		if !env.now().Before(p.handlerDeadline) {
-			return outcome{err: p.notStarted(t)}
+			return outcome{err: notStarted(cause)}
 		}
 		var cancel context.CancelFunc
 		hctx, cancel = context.WithDeadlineCause(hctx, p.handlerDeadline, cause)
