@@ -344,16 +344,14 @@ func mintAgent(dir string, m *Manifest, sk nkeys.KeyPair, pool, id string, rotat
 // and not named in this run: init re-signed only the fixed roles and the
 // agents it was given, so a tightened permission never reached the rest,
 // whose JWTs do not expire. Each keeps its key and its cluster (read from
-// its current JWT); one whose .creds file is not in dir, or whose key was
-// revoked, is left alone (re-signing it would need a new key, and so a new
+// its current JWT); one whose .creds file is not in dir, or whose file's
+// key was revoked (Revoke drops the identity itself from m.Users), is left
+// alone (re-signing it would need a new key, and so a new
 // file for its holder).
 func resignAgents(dir string, m *Manifest, sk nkeys.KeyPair, named map[string]bool) error {
 	for _, identity := range slices.Sorted(maps.Keys(m.Users)) {
 		rest, ok := strings.CutPrefix(identity, "agent.")
 		if !ok || named[identity] {
-			continue
-		}
-		if _, revoked := m.Revoked[m.Users[identity]]; revoked {
 			continue
 		}
 		pool, id, ok := strings.Cut(rest, ".")

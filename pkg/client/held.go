@@ -139,9 +139,16 @@ func (h *held) spec(limits spec.Limits) (*spec.Job, error) {
 // detail is the held job as Job reports it: pending, built from its
 // submission, without steps (none is materialised).
 func (h *held) detail(sp *spec.Job) JobDetail {
+	return JobDetail{Job: h.record(sp), Steps: []*Step{}, Held: h.where, StartsAt: h.startsAt}
+}
+
+// record is the held job's record as accepted: created when it was
+// submitted, without a deadline (its timeout starts when it does, and a
+// held job cancelled never starts).
+func (h *held) record(sp *spec.Job) *jobstore.Job {
 	j := jobstore.NewJob(h.job, *sp, h.msg.Time.UTC())
-	j.Deadline = time.Time{} // its timeout starts when it does
-	return JobDetail{Job: j, Steps: []*Step{}, Held: h.where, StartsAt: h.startsAt}
+	j.Deadline = time.Time{}
+	return j
 }
 
 // cancelHeld cancels an accepted job that has no record yet, by creating
@@ -176,8 +183,7 @@ func (c *Client) cancelHeld(ctx context.Context, store *jobstore.Store, jobID st
 	}
 	now := time.Now().UTC()
 	created := h.msg.Time.UTC()
-	j := jobstore.NewJob(jobID, *sp, created)
-	j.Deadline = time.Time{} // it never starts
+	j := h.record(sp)
 	steps, err := jobstore.NewSteps(jobID, *sp, jobstore.StepDefaults{}, created)
 	if err != nil {
 		return nil, err
