@@ -4,9 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/wardenhq/warden/internal/natstest"
-	"github.com/wardenhq/warden/streams"
 )
 
 // An @every schedule is anchored by the server's clock, as its ticks are:
@@ -16,17 +13,9 @@ import (
 // Old code: "first tick 59m59s away, want within a minute".
 func TestEveryAnchorIsTheServersTime(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{})
-	ctx := context.Background()
-	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := NewStore(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, st := storeForTest(t)
 	st.now = func() time.Time { return time.Now().Add(time.Hour) }
-	next, err := st.Add(ctx, Definition{Name: "anchored", Schedule: "@every 1m", Spec: `{"name":"a","steps":[{"id":"a","action":"echo"}]}`}, false)
+	next, err := st.Add(context.Background(), Definition{Name: "anchored", Schedule: "@every 1m", Spec: oneStepSpec}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,25 +19,13 @@ import (
 // Old code: "Reconcile armed a timer (next …) over a tick not yet relayed".
 func TestReconcileLeavesATickBeingRelayedAlone(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{})
 	ctx := context.Background()
-	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	js, st := storeForTest(t)
 	if _, err := js.CreateOrUpdateConsumer(ctx, streams.StreamSchedules, relayConsumerConfig()); err != nil {
 		t.Fatal(err)
 	}
-	st, err := NewStore(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Add(ctx, Definition{Name: "pending", Schedule: "@every 1s", Spec: `{"name":"a","steps":[{"id":"a","action":"echo"}]}`}, false); err != nil {
-		t.Fatal(err)
-	}
-	natstest.Eventually(t, 10*time.Second, "a tick fired, no relay running", func() bool {
-		e, err := st.Get(ctx, "pending")
-		return err == nil && !e.LastTick.IsZero() && e.Next.IsZero()
-	})
+	addEverySecond(t, st, "pending")
+	waitFired(t, st, "pending")
 	r := NewRelay(js)
 	r.store = st
 	if err := r.Reconcile(ctx); err != nil {
@@ -57,26 +45,11 @@ func TestReconcileLeavesATickBeingRelayedAlone(t *testing.T) {
 // Old code (3679cb5): "y has no timer: x's pending tick blocks it".
 func TestReconcileIsNotHeldForEverByAnotherSchedulesTick(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{})
 	ctx := context.Background()
-	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	js, st := storeForTest(t)
 	c, err := js.CreateOrUpdateConsumer(ctx, streams.StreamSchedules, relayConsumerConfig())
 	if err != nil {
 		t.Fatal(err)
-	}
-	st, err := NewStore(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := `{"name":"a","steps":[{"id":"a","action":"echo"}]}`
-	fired := func(name string) {
-		t.Helper()
-		natstest.Eventually(t, 10*time.Second, name+" fired", func() bool {
-			e, err := st.Get(ctx, name)
-			return err == nil && !e.LastTick.IsZero() && e.Next.IsZero()
-		})
 	}
 	fetch := func() jetstream.Msg {
 		t.Helper()
@@ -93,15 +66,11 @@ func TestReconcileIsNotHeldForEverByAnotherSchedulesTick(t *testing.T) {
 		}
 		return got
 	}
-	if _, err := st.Add(ctx, Definition{Name: "x", Schedule: "@every 1s", Spec: spec}, false); err != nil {
-		t.Fatal(err)
-	}
-	fired("x")
+	addEverySecond(t, st, "x")
+	waitFired(t, st, "x")
 	x := fetch() // held unacknowledged: its relaying keeps failing
-	if _, err := st.Add(ctx, Definition{Name: "y", Schedule: "@every 1s", Spec: spec}, false); err != nil {
-		t.Fatal(err)
-	}
-	fired("y")
+	addEverySecond(t, st, "y")
+	waitFired(t, st, "y")
 	if err := fetch().DoubleAck(ctx); err != nil { // y's tick relayed, its arming lost
 		t.Fatal(err)
 	}
@@ -114,5 +83,41 @@ func TestReconcileIsNotHeldForEverByAnotherSchedulesTick(t *testing.T) {
 		}
 		e, err := st.Get(ctx, "y")
 		return err == nil && !e.Next.IsZero()
+	})
+}
+
+// storeForTest is a server with the workflow streams and a Store on it.
+func storeForTest(t *testing.T) (jetstream.JetStream, *Store) {
+	t.Helper()
+	_, _, js := natstest.Start(t, streams.Options{})
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := NewStore(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, st
+}
+
+// oneStepSpec is a schedule's job spec of one echo step.
+const oneStepSpec = `{"name":"a","steps":[{"id":"a","action":"echo"}]}`
+
+// addEverySecond adds schedule name, @every 1s.
+func addEverySecond(t *testing.T, st *Store, name string) {
+	t.Helper()
+	if _, err := st.Add(context.Background(), Definition{Name: name, Schedule: "@every 1s", Spec: oneStepSpec}, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFired waits until schedule name's tick has fired with no relay to
+// arm the next: a last tick, no timer.
+func waitFired(t *testing.T, st *Store, name string) {
+	t.Helper()
+	natstest.Eventually(t, 10*time.Second, name+" fired", func() bool {
+		e, err := st.Get(context.Background(), name)
+		return err == nil && !e.LastTick.IsZero() && e.Next.IsZero()
 	})
 }

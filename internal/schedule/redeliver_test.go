@@ -40,16 +40,12 @@ func TestRecreatedRelayConsumerDoesNotSubmitTheLastTickAgain(t *testing.T) {
 	// One tick in a second, the next an hour later.
 	d := schedule.Definition{Name: "hourly", Schedule: "@every 1h", Spec: everySecond,
 		CreatedAt: time.Now().UTC().Add(-time.Hour + time.Second)}
-	addSchedule(t, js, d)
+	st := addSchedule(t, js, d)
 	first, err := subs.NextMsg(10 * time.Second)
 	if err != nil {
 		t.Fatalf("no tick submitted: %v", err)
 	}
 	job := first.Header.Get(protocol.HeaderJobID)
-	st, err := schedule.NewStore(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
 	natstest.Eventually(t, 10*time.Second, "the next tick armed", func() bool {
 		e, err := st.Get(ctx, "hourly")
 		return err == nil && e.Next.After(e.LastTick) && !e.LastTick.IsZero()

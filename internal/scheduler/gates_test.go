@@ -45,13 +45,7 @@ func keyed(k string) []byte {
 
 func waitDispatched(t *testing.T, b *bundle, job, step string) *jobstore.Step {
 	t.Helper()
-	var st *jobstore.Step
-	natstest.Eventually(t, 15*time.Second, job+"."+step+" dispatched", func() bool {
-		var err error
-		st, _, err = b.store.Step(context.Background(), job, step)
-		return err == nil && st.State == jobstore.StepDispatched
-	})
-	return st
+	return waitStep(t, b, job, step, jobstore.StepDispatched)
 }
 
 // A step that ends without a result (the supervisor dead-letters it, or

@@ -225,3 +225,15 @@ func (b *bundle) editStep(t *testing.T, job, id string, edit func(*jobstore.Step
 		t.Fatal(err)
 	}
 }
+
+// waitStep waits until step of job is in state and returns its record.
+func waitStep(t *testing.T, b *bundle, job, step string, state jobstore.StepState) *jobstore.Step {
+	t.Helper()
+	var st *jobstore.Step
+	natstest.Eventually(t, 15*time.Second, job+"."+step+" "+string(state), func() bool {
+		var err error
+		st, _, err = b.store.Step(context.Background(), job, step)
+		return err == nil && st.State == state
+	})
+	return st
+}

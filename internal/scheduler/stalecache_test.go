@@ -370,12 +370,3 @@ func agentFailure(job, step string, now time.Time) *nats.Msg {
 	m.Data, _ = json.Marshal(r)
 	return m
 }
-
-// waitStep waits until step of job is in state.
-func waitStep(t *testing.T, b *bundle, job, step string, state jobstore.StepState) {
-	t.Helper()
-	natstest.Eventually(t, 10*time.Second, step+" "+string(state), func() bool {
-		st, _, err := b.store.Step(context.Background(), job, step)
-		return err == nil && st.State == state
-	})
-}
