@@ -66,8 +66,15 @@ func (t *Tracker) Assessor() *Assessor { return t.assessor }
 // Heartbeat records p, received at now. Pass the time it arrived, taken
 // where it was received: a heartbeat that waited for a busy reader and is
 // stamped when read looks as old as the wait, and an agent whose heartbeats
-// all waited looks silent. A heartbeat not newer than the last one recorded
-// for the agent is ignored.
+// all waited looks silent.
+//
+// The same heartbeat seen again (a re-sync of the presence view) is
+// ignored. One stamped earlier than the last is taken as the agent's clock
+// stepping back, not as a stale one: the presence watch delivers an
+// agent's records in the order they were written, so an earlier stamp is
+// a later heartbeat. Ignoring it judged a live agent silent until its
+// clock passed the old stamp again, and failed it over. Its gap is not
+// known and not counted.
 func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 	key := protocol.PresenceKey(p.Pool, p.ID)
 	t.mu.Lock()
@@ -79,11 +86,11 @@ func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 		t.agents[key] = a
 		return
 	}
-	if !p.HeartbeatAt.After(a.last.HeartbeatAt) {
+	if p.HeartbeatAt.Equal(a.last.HeartbeatAt) {
 		return
 	}
 	a.reported(&p)
-	s := sample{at: now, gap: p.HeartbeatAt.Sub(a.last.HeartbeatAt)}
+	s := sample{at: now, gap: max(p.HeartbeatAt.Sub(a.last.HeartbeatAt), 0)}
 	restarted := !p.StartedAt.Equal(a.last.StartedAt) || p.Succeeded < a.last.Succeeded || p.Failed < a.last.Failed
 	if restarted {
 		s.succeeded, s.failed = int(p.Succeeded), int(p.Failed)

@@ -310,3 +310,41 @@ func TestTrackerRestartEndsStreak(t *testing.T) {
 		t.Fatalf("after restart: %d consecutive failures, last %s; want none", o.ConsecutiveFailures, o.LastFailure)
 	}
 }
+
+// An agent whose clock steps back (an NTP correction) keeps heartbeating:
+// its records arrive in order, stamped earlier than the last. They were
+// ignored until its clock passed the old stamp again, so the agent looked
+// silent and was failed over while it ran.
+//
+// Old code: "a live agent whose clock stepped back an hour is failed
+// (heartbeat last received 10s ago)".
+func TestTrackerTakesHeartbeatsAfterTheAgentsClockSteppedBack(t *testing.T) {
+	t.Parallel()
+	tr := tracker(t, nil)
+	a := newAgentSim("a")
+	key := protocol.PresenceKey("p", "a")
+	now := t0
+	for range 5 {
+		now = now.Add(time.Second)
+		tr.Heartbeat(a.beat(time.Second, 1, 0), now)
+	}
+	a.p.HeartbeatAt = a.p.HeartbeatAt.Add(-time.Hour)
+	for range 10 {
+		now = now.Add(time.Second)
+		tr.Heartbeat(a.beat(time.Second, 1, 0), now)
+	}
+	as, _ := tr.Assess(key, now)
+	o, _ := tr.Observation(key, now)
+	if as.Level != health.Healthy {
+		t.Fatalf("a live agent whose clock stepped back an hour is %s (heartbeat last received %s ago): %v",
+			as.Level, now.Sub(o.LastHeartbeat), as.Reasons)
+	}
+	for _, g := range o.HeartbeatGaps {
+		if g <= 0 || g > time.Second {
+			t.Fatalf("gaps %v: the step back counted as a gap", o.HeartbeatGaps)
+		}
+	}
+	if o.Succeeded != 14 { // the first heartbeat is the baseline
+		t.Fatalf("%d successes in the window, want 14", o.Succeeded)
+	}
+}
