@@ -112,7 +112,7 @@ func (h *healer) heal(ctx context.Context, now time.Time) {
 	if !ok {
 		return // blind: judge nobody until the view is fresh again
 	}
-	h.keep(present, now)
+	h.keep(ctx, present, now)
 	hushed := h.hush(assessed, present)
 	for key, a := range assessed {
 		if ctx.Err() != nil {
@@ -143,6 +143,7 @@ func (h *healer) heal(ctx context.Context, now time.Time) {
 		if why := c.moveDue(want, now, h.drainTimeout); why != "" && c.due(now, h.cycle) {
 			h.move(ctx, p, c, why, now)
 		}
+		c.record = health.Record{Agent: p.ID, Pool: p.Pool, Assessment: a}
 		_ = h.assessor.store(ctx, p, a, c.state(), now)
 	}
 }
@@ -237,10 +238,11 @@ func (h *healer) move(ctx context.Context, p protocol.Presence, c *agentCare, wh
 
 func (h *healer) transfer(ctx context.Context, p protocol.Presence, why string) error {
 	trigger := "health:" + why + ":" + p.HeartbeatAt.UTC().Format(time.RFC3339Nano)
+	// The moved tasks are not counted against the agent (as lost): healing
+	// moves them because of how the agent was judged, and counting them
+	// judged it again by its own verdict, keeping an agent that recovered
+	// critical for the window.
 	rec, err := h.failover.transferLive(ctx, p.Pool, p.ID, trigger) // p is present: its tasks are no suspects
-	if err == nil && rec.TasksMoved > 0 {
-		h.assessor.lostTasks(protocol.PresenceKey(p.Pool, p.ID), rec.TasksMoved, h.term.now())
-	}
 	h.log.Warn().Str("agent", p.ID).Str("why", why).Int("tasks_moved", rec.TasksMoved).Err(err).Msg("healing: queue transferred")
 	return err
 }

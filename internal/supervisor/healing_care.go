@@ -62,6 +62,10 @@ type agentCare struct {
 	failures  int       // orders and transfers failed in a row
 	retryAt   time.Time // none is tried again before this
 	goneAt    time.Time // when its presence was found gone; zero: present
+	// record is what its warden_health record says of the agent beyond
+	// healing (pool, id, last assessment): kept so that the record of an
+	// agent away while held can be written again (keep).
+	record health.Record
 	// startedAt is the started_at of the agent process last seen; zero
 	// when taken over from a record (the process then seen is taken for
 	// the one that got the orders).
@@ -134,7 +138,7 @@ func (h *healer) load(ctx context.Context, now time.Time) error {
 		return err
 	}
 	for key, r := range recs {
-		c := &agentCare{action: r.Action, held: holdsOf(r.Action), limit: r.Limit}
+		c := &agentCare{action: r.Action, held: holdsOf(r.Action), limit: r.Limit, record: r}
 		for _, o := range r.Held {
 			switch o {
 			case health.HeldDrain:
@@ -171,11 +175,20 @@ func (h *healer) departed(ctx context.Context, key string) {
 	h.assessor.forget(ctx, key)
 }
 
+// heldAwayMax bounds how long the care of an agent away while held is
+// kept (keep): an agent process that comes back later still drained or
+// limited is taken for one an operator drained, and left so.
+const heldAwayMax = 24 * time.Hour
+
 // keep forgets the care of the agents that are not present and hold
-// nothing, and of those that hold something but stayed away longer than
-// the health bucket keeps their record: a new leader would not know of
-// them either, and an agent away that long was failed over.
-func (h *healer) keep(present map[string]protocol.Presence, now time.Time) {
+// nothing. The care of one away that may hold an order is kept, and its
+// record in warden_health written again before the bucket's TTL removes
+// it, for up to heldAwayMax: the drain or limit lives in the agent
+// process, which may come back (a long pause, a partition) still held,
+// and must then be released once well. Forgotten with the record, it came
+// back drained with nobody knowing healing had drained it: taken for an
+// operator's drain (drainedByAnother), it stayed drained for good.
+func (h *healer) keep(ctx context.Context, present map[string]protocol.Presence, now time.Time) {
 	for key, c := range h.care {
 		if _, ok := present[key]; ok {
 			c.goneAt = time.Time{}
@@ -184,8 +197,13 @@ func (h *healer) keep(present map[string]protocol.Presence, now time.Time) {
 		if c.goneAt.IsZero() {
 			c.goneAt = now
 		}
-		if c.held == (holds{}) || now.Sub(c.goneAt) > h.assessor.recordTTL {
+		if c.held == (holds{}) || now.Sub(c.goneAt) > heldAwayMax {
 			delete(h.care, key)
+			continue
+		}
+		if c.record.Agent != "" {
+			p := protocol.Presence{Pool: c.record.Pool, ID: c.record.Agent}
+			_ = h.assessor.store(ctx, p, c.record.Assessment, c.state(), now)
 		}
 	}
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/health"
 	"github.com/wardenhq/warden/internal/natstest"
@@ -31,7 +33,10 @@ type handmade struct {
 	failed    uint64
 	started   time.Time // started_at
 	frozen    bool      // heartbeat_at stops moving; the record is still refreshed
-	draining  bool      // drained (by an operator: see drain)
+	draining  bool      // drained (by an operator: see drain; or obeying, see holdOrders)
+	holding   bool      // obeyed drain and undrain orders show in draining
+	away      bool      // no record is written (see leave)
+	kv        jetstream.KeyValue
 	beatAt    time.Time // heartbeat_at of the last record written
 	orders    []string
 }
@@ -52,7 +57,7 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &handmade{pool: pool, id: id}
+	h := &handmade{pool: pool, id: id, kv: kv}
 	counts := map[string]int{}
 	sub, err := nc.Subscribe(protocol.AgentControlSubject(pool, id), func(m *nats.Msg) {
 		var c protocol.Control
@@ -63,6 +68,11 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 		n := counts[c.Op]
 		h.mu.Unlock()
 		if r := reply(c.Op, n); r != nil {
+			h.mu.Lock()
+			if h.holding && (c.Op == protocol.ControlDrain || c.Op == protocol.ControlUndrain) {
+				h.draining = c.Op == protocol.ControlDrain
+			}
+			h.mu.Unlock()
 			_ = m.Respond(r)
 		}
 	})
@@ -75,6 +85,10 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 	h.started = time.Now().UTC()
 	put := func(ctx context.Context) error {
 		h.mu.Lock()
+		if h.away {
+			h.mu.Unlock()
+			return nil
+		}
 		if !h.frozen {
 			h.beatAt = time.Now().UTC()
 		}
@@ -118,6 +132,34 @@ func startHandmade(t *testing.T, b *bundle, pool, id string, reply answer) *hand
 func (h *handmade) drain() {
 	h.mu.Lock()
 	h.draining = true
+	h.mu.Unlock()
+}
+
+// holdOrders makes the drain and undrain orders it obeys show in its
+// records, as a real agent's do.
+func (h *handmade) holdOrders() {
+	h.mu.Lock()
+	h.holding = true
+	h.mu.Unlock()
+}
+
+// leave deletes its presence and writes none until back: the process is
+// still there (it keeps what it was ordered) but out of sight, as in a
+// long pause or a partition.
+func (h *handmade) leave(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	h.away = true
+	h.mu.Unlock()
+	if err := h.kv.Delete(context.Background(), protocol.PresenceKey(h.pool, h.id)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// back makes it write its records again.
+func (h *handmade) back() {
+	h.mu.Lock()
+	h.away = false
 	h.mu.Unlock()
 }
 
@@ -225,5 +267,55 @@ func TestHealingLeavesAnOperatorsDrainAlone(t *testing.T) {
 	// A cycle's orders go out before its record is written.
 	if o := a.Orders(); len(o) != 0 {
 		t.Fatalf("orders %v: healing ordered an agent an operator had drained", o)
+	}
+}
+
+// An agent healing drained that stays away longer than warden_health keeps
+// records (a long pause, a partition), its process still there and still
+// drained, is undrained once it is back and well. The leader forgot its
+// care and the record expired: back, it was taken for an agent an
+// operator had drained and left drained for good.
+//
+// Old code: "timed out after 30s: x undrained once back and well" (orders
+// [drain]).
+func TestHealingUndrainsAnAgentBackAfterItsRecordWouldHaveExpired(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t)
+	const recordTTL = 2 * time.Second
+	b.healthTTL(t, recordTTL)
+	v, _ := b.supervisorStoppable(t, healingConfig())
+	waitClosed(t, v.Leading(), "the supervisor leads")
+	a := startHandmade(t, b, "solo", "x", obey)
+	a.holdOrders()
+	key := protocol.PresenceKey("solo", "x")
+	a.report(0, 13)
+	natstest.Eventually(t, 20*time.Second, "x drained", func() bool { return lastOrder(a.Orders()) == protocol.ControlDrain })
+
+	a.leave(t)
+	// The scenario is the length of the absence: several times the TTL
+	// of the health records (the old leader forgot its care after one).
+	time.Sleep(3 * recordTTL)
+	if r, ok := b.healthRecord(t, key); !ok || !slices.Contains(r.Held, health.HeldDrain) {
+		t.Errorf("x's record after %s away: %+v (found %v), want its drain held", 3*recordTTL, r, ok)
+	}
+	a.report(200, 13)
+	a.back()
+	natstest.Eventually(t, 30*time.Second, "x undrained once back and well", func() bool {
+		return lastOrder(a.Orders()) == protocol.ControlUndrain
+	})
+}
+
+// healthTTL sets how long warden_health keeps a record not written again.
+func (b *bundle) healthTTL(t *testing.T, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := b.js.Stream(ctx, "KV_"+protocol.BucketHealth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxAge, cfg.Duplicates = ttl, min(cfg.Duplicates, ttl)
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
 	}
 }

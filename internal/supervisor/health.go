@@ -105,9 +105,6 @@ func (a *assessor) records(ctx context.Context) (map[string]health.Record, error
 	return health.Records(ctx, a.kv)
 }
 
-// lostTasks counts tasks a failover took from the agent as failures.
-func (a *assessor) lostTasks(key string, n int, now time.Time) { a.tracker.RecordLost(key, n, now) }
-
 // assess returns the present agents' assessments at now, or false when the
 // leader cannot trust what it saw (see sight).
 func (a *assessor) assess(now time.Time) (map[string]health.Assessment, map[string]protocol.Presence, bool) {
@@ -128,11 +125,14 @@ func (a *assessor) assess(now time.Time) (map[string]health.Assessment, map[stri
 }
 
 // store writes an agent's assessment and healing state when either
-// changed (the assessment enough) or the record is old.
+// changed (the assessment enough) or the record is old: written 30 s ago,
+// or half the bucket's TTL if that is shorter, so that it never expires
+// while it is kept.
 func (a *assessor) store(ctx context.Context, p protocol.Presence, as health.Assessment, hs healingState, now time.Time) error {
 	key := protocol.PresenceKey(p.Pool, p.ID)
 	w := a.written[key]
-	if as.Level == w.level && math.Abs(as.Score-w.score) < 0.05 && now.Sub(w.at) < 30*time.Second && hs == w.healing && !w.at.IsZero() {
+	old := now.Sub(w.at) >= min(30*time.Second, a.recordTTL/2)
+	if as.Level == w.level && math.Abs(as.Score-w.score) < 0.05 && !old && hs == w.healing && !w.at.IsZero() {
 		return nil
 	}
 	r := health.Record{Agent: p.ID, Pool: p.Pool, Assessment: as, Action: hs.action, Held: hs.held.names(), Limit: hs.limit}
