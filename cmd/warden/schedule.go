@@ -105,6 +105,13 @@ shorter of 1m and the interval).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.withSchedules(cmd.Context(), func(ctx context.Context, st *schedule.Store) error {
 				list, err := st.List(ctx)
+				// Definitions that are not (written by hand, another
+				// version): the others are listed, then the error names
+				// them (exit 4, as for code internal).
+				var bad error
+				if errors.Is(err, schedule.ErrUndecodable) {
+					bad, err = &exitError{code: exitUnavailable, err: err}, nil
+				}
 				if err != nil {
 					return &exitError{code: exitUnavailable, err: err}
 				}
@@ -112,7 +119,10 @@ shorter of 1m and the interval).`,
 					if list == nil {
 						list = []schedule.Entry{}
 					}
-					return writeJSON(a.stdout, list)
+					if err := writeJSON(a.stdout, list); err != nil {
+						return err
+					}
+					return bad
 				}
 				now := time.Now()
 				t := newTable(a.stdout, "NAME", "SCHEDULE", "CATCHUP", "NEXT", "LAST TICK", "CREATED", "PAUSED")
@@ -123,7 +133,10 @@ shorter of 1m and the interval).`,
 					}
 					t.row(e.Name, e.Schedule, e.Catchup, next, until(e.LastTick, now), age(e.CreatedAt, now), paused)
 				}
-				return t.flush()
+				if err := t.flush(); err != nil {
+					return err
+				}
+				return bad
 			})
 		},
 	}

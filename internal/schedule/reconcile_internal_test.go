@@ -2,12 +2,15 @@ package schedule
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/internal/natstest"
+	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
 )
 
@@ -120,4 +123,37 @@ func waitFired(t *testing.T, st *Store, name string) {
 		e, err := st.Get(context.Background(), name)
 		return err == nil && !e.LastTick.IsZero() && e.Next.IsZero()
 	})
+}
+
+// A definition that is not one (written by hand, by another version) is
+// named in List's error and left out; the others are listed and armed.
+// It failed the whole List: `warden schedule ls` showed nothing, and the
+// relays' reconcile armed no schedule.
+//
+// Old code: "List: [] (decode schedule bad: invalid character …), want
+// good listed".
+func TestUndecodableDefinitionHidesNoOtherSchedule(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	js, st := storeForTest(t)
+	addEverySecond(t, st, "good")
+	waitFired(t, st, "good")
+	if _, err := js.Publish(ctx, protocol.ScheduleDefSubject("bad"), []byte("{not json")); err != nil {
+		t.Fatal(err)
+	}
+	list, err := st.List(ctx)
+	if len(list) != 1 || list[0].Name != "good" {
+		t.Fatalf("List: %v (%v), want good listed", list, err)
+	}
+	if !errors.Is(err, ErrUndecodable) || !strings.Contains(err.Error(), "bad") {
+		t.Fatalf("List's error %v, want ErrUndecodable naming bad", err)
+	}
+	r := NewRelay(js)
+	r.store = st
+	if err := r.Reconcile(ctx); !errors.Is(err, ErrUndecodable) {
+		t.Fatalf("Reconcile: %v, want ErrUndecodable for bad", err)
+	}
+	if e, err := st.Get(ctx, "good"); err != nil || e.Next.IsZero() {
+		t.Fatalf("good not armed by Reconcile (next %v, %v)", e.Next, err)
+	}
 }

@@ -179,16 +179,16 @@ func (r *Relay) Stop() {
 // armed. One that cannot be armed does not stop the others.
 func (r *Relay) Reconcile(ctx context.Context) error {
 	entries, err := r.store.List(ctx)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrUndecodable) {
 		return err
 	}
+	errs := []error{err} // the undecodable ones, if any: the others are armed
 	acked := r.ackFloor(ctx)
 	now, err := r.store.serverTime(ctx)
 	if err != nil {
 		return err
 	}
 	relaying := func(e Entry) bool { return e.tickSeq > acked && now.Sub(e.LastTick) < r.quiet }
-	var errs []error
 	for _, e := range entries {
 		if e.timerCurrent() || relaying(e) {
 			continue

@@ -52,6 +52,10 @@ var ErrExists = errors.New("schedule exists")
 // ErrNotFound is returned for a schedule that does not exist.
 var ErrNotFound = errors.New("schedule not found")
 
+// ErrUndecodable is returned (wrapped) for a definition that is not one:
+// written by hand or by another version. List returns the others with it.
+var ErrUndecodable = errors.New("schedule definition undecodable")
+
 // Add stores d and arms its first tick, returning when that is. With
 // replace, an existing schedule of the same name is replaced (its pending
 // tick is dropped) and keeps its pause: a paused schedule replaced stays
@@ -273,7 +277,7 @@ func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
 	}
 	var e Entry
 	if err := json.Unmarshal(m.Data, &e.Definition); err != nil {
-		return Entry{}, fmt.Errorf("decode schedule %s: %w", name, err)
+		return Entry{}, fmt.Errorf("%w: %s: %w", ErrUndecodable, name, err)
 	}
 	e.Rev = m.Sequence
 	if t, err := s.stream.GetLastMsgForSubject(ctx, protocol.ScheduleTimerSubject(name)); err == nil {
@@ -288,26 +292,36 @@ func (s *Store) Get(ctx context.Context, name string) (Entry, error) {
 	return e, nil
 }
 
-// List returns every schedule, by name.
+// List returns every schedule, by name. Definitions that cannot be
+// decoded are left out and named in the error (ErrUndecodable), returned
+// with the others: one bad definition hid every schedule from
+// `warden schedule ls` and stopped the relays' reconcile.
 func (s *Store) List(ctx context.Context) ([]Entry, error) {
 	prefix := protocol.ScheduleDefSubject("")
 	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(prefix+"*"))
 	if err != nil {
 		return nil, fmt.Errorf("list schedules: %w", err)
 	}
-	var out []Entry
+	var (
+		out []Entry
+		bad []error
+	)
 	for subj := range info.State.Subjects {
 		e, err := s.Get(ctx, strings.TrimPrefix(subj, prefix))
-		if errors.Is(err, ErrNotFound) {
+		switch {
+		case errors.Is(err, ErrNotFound):
 			continue // removed meanwhile
-		}
-		if err != nil {
+		case errors.Is(err, ErrUndecodable):
+			bad = append(bad, err)
+			continue
+		case err != nil:
 			return nil, err
 		}
 		out = append(out, e)
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	slices.SortFunc(bad, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return out, errors.Join(bad...)
 }
 
 // Remove deletes the schedule: its definition, its timer and its last
