@@ -242,6 +242,18 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	// command was killed.
 	cmd.WaitDelay = time.Second
 	err := cmd.Run()
+	if cmd.Process != nil {
+		// What the command left running in its group ends with it: a
+		// child left by a failed attempt ran beside the retry, and one
+		// left by a success outlived its step. (A child that left the
+		// group, setsid, is beyond reach.)
+		_ = killGroup(cmd.Process)
+	}
+	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
+		// It exited 0; a child it left kept its output open past
+		// WaitDelay. The step succeeded (the child is killed above).
+		err = nil
+	}
 	out := ShellOutput{
 		ExitCode:   cmd.ProcessState.ExitCode(), // -1 when it did not start or was killed
 		StdoutTail: stdout.String(),

@@ -131,3 +131,36 @@ func TestShellHelperAgent(t *testing.T) {
 		Args: []string{"-c", "echo $$ > pid.tmp && mv pid.tmp pid && exec sleep 300"}})
 	_, _ = shell(context.Background(), params)
 }
+
+// What a command leaves running in its process group ends with it. A
+// child left by a failed attempt ran beside the retry; one left holding
+// the output of a command that exited 0 failed the step for good
+// (exec.ErrWaitDelay, unclassified) and outlived it.
+//
+// Old code: "background child … still runs" after exit 3; "command exited
+// 0 but the step failed: shell: sh: exec: WaitDelay expired before I/O
+// complete".
+func TestShellEndsWhatTheCommandLeftInItsGroup(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, script string
+		fails        bool
+	}{
+		{"failed", "sleep 30 >/dev/null 2>&1 & echo $! > %s; exit 3", true},
+		{"succeeded holding its output", "sleep 30 & echo $! > %s; exit 0", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			cfg := actions.ShellConfig{AllowedCommands: []string{"sh"}}
+			params, _ := json.Marshal(actions.ShellParams{Command: "sh",
+				Args: []string{"-c", strings.ReplaceAll(c.script, "%s", filepath.Join(dir, "pid"))}})
+			_, err := actions.Shell(cfg)(context.Background(), params)
+			pid := waitPIDFile(t, dir)
+			if (err != nil) != c.fails {
+				t.Errorf("step error %v, want failed=%v", err, c.fails)
+			}
+			waitGone(t, pid, "its step ended")
+		})
+	}
+}
