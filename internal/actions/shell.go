@@ -186,7 +186,8 @@ func Shell(cfg ShellConfig) Func {
 		if err := checkArgs(p.Command, p.Args, allowedArgs, argsErr); err != nil {
 			return nil, err
 		}
-		if err := checkEnv(p.Env, cfg.AllowedEnv); err != nil {
+		_, pinned := cfg.AllowedArgs[p.Command]
+		if err := checkEnv(p.Env, cfg.AllowedEnv, pinned); err != nil {
 			return nil, err
 		}
 		if err := checkExitCodes(p.ExitCodes); err != nil {

@@ -308,3 +308,45 @@ func TestShellAllowedArgs(t *testing.T) {
 		shellRefused(t, actions.Shell(bad.cfg), params("find", "."), actions.ErrArgsNotAllowed, bad.want)
 	}
 }
+
+// A task's env could undo shell.allowed_args: with tar's arguments pinned
+// and no allowed_env, TAR_OPTIONS="--checkpoint=1
+// --checkpoint-action=exec=…" ran any command (a reviewer showed it). A
+// pinned command now takes only the variables allowed_env lists; the
+// variables through which common tools take options are refused anyway.
+//
+// Old code: "env {FOO:1} for pinned tar: <nil>, want refused" and
+// "TAR_OPTIONS for unpinned tar: <nil>, want refused".
+func TestShellEnvCannotUndoPinnedArgs(t *testing.T) {
+	t.Parallel()
+	pinned := actions.ShellConfig{
+		AllowedCommands: []string{"true"},
+		AllowedArgs:     map[string][][]string{"true": {{"-cf", "out\\.tar"}}},
+	}
+	run := func(cfg actions.ShellConfig, env map[string]string) error {
+		t.Helper()
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		params, _ := json.Marshal(actions.ShellParams{Command: "true", Args: []string{"-cf", "out.tar"}, Env: env})
+		_, err := actions.Shell(cfg)(context.Background(), params)
+		return err
+	}
+	if err := run(pinned, map[string]string{"FOO": "1"}); !errors.Is(err, actions.ErrEnvNotAllowed) {
+		t.Errorf("env {FOO:1} for pinned true: %v, want refused", err)
+	}
+	listed := pinned
+	listed.AllowedEnv = []string{"FOO"}
+	if err := run(listed, map[string]string{"FOO": "1"}); err != nil {
+		t.Errorf("env {FOO:1} listed in allowed_env: %v, want run", err)
+	}
+	unpinned := actions.ShellConfig{AllowedCommands: []string{"true"}}
+	for _, name := range []string{"TAR_OPTIONS", "RSYNC_RSH", "CC", "GOTOOLCHAIN"} {
+		if err := run(unpinned, map[string]string{name: "x"}); !errors.Is(err, actions.ErrEnvNotAllowed) {
+			t.Errorf("%s for unpinned true: %v, want refused", name, err)
+		}
+	}
+	if err := run(unpinned, map[string]string{"FOO": "1"}); err != nil {
+		t.Errorf("env {FOO:1} for unpinned true: %v, want run", err)
+	}
+}

@@ -46,16 +46,28 @@ var (
 		"PERL5LIB", "PERLLIB", "PERL5OPT", "RUBYLIB", "RUBYOPT",
 		"NODE_OPTIONS", "NODE_PATH",
 		"JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS",
-		"GOFLAGS", "RUSTC_WRAPPER", "SSH_ASKPASS",
+		"GOFLAGS", "GOENV", "GOTOOLCHAIN", "RUSTC_WRAPPER", "SSH_ASKPASS",
+		"TAR_OPTIONS", "RSYNC_RSH", "RSYNC_CONNECT_PROG", "CC", "CXX", "GZIP",
 		"HOME", "ENV", "ZDOTDIR", "CURL_HOME", "WGETRC",
 	}
 	toolEnvPrefixes = []string{"GIT_", "XDG_", "npm_config_", "NPM_CONFIG_"}
 )
 
 // checkEnv returns a permanent error naming the first variable, by name, that
-// the task may not set: see envNameProblem.
-func checkEnv(env map[string]string, allowed []string) error {
+// the task may not set: see envNameProblem. A command whose arguments are
+// pinned (pinned: it has shell.allowed_args) takes no variable at all
+// unless allowed_env lists it: the pinning would be for nothing when a
+// variable the tool reads its options from (TAR_OPTIONS) could add
+// --checkpoint-action=exec, and the tool-variable list cannot name them
+// all.
+func checkEnv(env map[string]string, allowed []string, pinned bool) error {
 	for _, name := range slices.Sorted(maps.Keys(env)) {
+		if pinned && len(allowed) == 0 {
+			if problem := neverAllowedEnv(name); problem != "" {
+				return Permanentf("%w: field \"env\": %q %s", ErrEnvNotAllowed, name, problem)
+			}
+			return Permanentf("%w: field \"env\": %q: the command's arguments are pinned (shell.allowed_args), so a task sets only the variables shell.allowed_env lists, and it lists none", ErrEnvNotAllowed, name)
+		}
 		if problem := envNameProblem(name, allowed); problem != "" {
 			return Permanentf("%w: field \"env\": %q %s", ErrEnvNotAllowed, name, problem)
 		}
