@@ -62,7 +62,9 @@ func Parse(b []byte, l Limits) (*Job, error) {
 		if err := dec.Decode(&j); err != nil {
 			return nil, decodeError(err)
 		}
-		if dec.More() {
+		// More is false before a stray '}' or ']': read the next token
+		// instead, which only the end of the input answers with io.EOF.
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return nil, invalid(ReasonMalformed, "", "trailing data after the JSON object")
 		}
 		// JSON params are JSON values already: no normalising.

@@ -52,6 +52,25 @@ func validIdempotencyKey(k string) error {
 	return nil
 }
 
+// validRequires refuses a capability no agent can offer: an agent's
+// capabilities are non-empty (pkg/agent Config.Validate), so an empty one
+// left the step waiting for ever; and one with a control character
+// (NUL joins a slot class's requirements, internal/scheduler) or with
+// white space at either end, which no agent config writes.
+func validRequires(field string, requires []string) error {
+	for i, c := range requires {
+		switch {
+		case strings.TrimSpace(c) == "":
+			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "a required capability must not be empty")
+		case strings.TrimSpace(c) != c:
+			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "%q starts or ends with white space", c)
+		case strings.IndexFunc(c, unicode.IsControl) >= 0:
+			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "%q contains a control character", c)
+		}
+	}
+	return nil
+}
+
 // Validate checks the spec against the limits. The first problem found is
 // returned as a *ValidationError.
 func (j *Job) Validate(l Limits) error {
@@ -92,6 +111,9 @@ func (j *Job) Validate(l Limits) error {
 		}
 		if s.Agent != "" && !protocol.ValidToken(s.Agent) {
 			return invalid(ReasonInvalidID, f+".agent", "agent %q may contain only letters, digits, '_' and '-'", s.Agent)
+		}
+		if err := validRequires(f+".requires", s.Requires); err != nil {
+			return err
 		}
 		if s.Cluster != "" && !protocol.ValidToken(s.Cluster) {
 			return invalid(ReasonInvalidID, f+".cluster", "cluster %q may contain only letters, digits, '_' and '-'", s.Cluster)

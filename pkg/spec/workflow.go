@@ -312,6 +312,9 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 	if c.Agent != "" && !protocol.ValidToken(c.Agent) {
 		return invalid(ReasonInvalidID, field+".agent", "agent %q may contain only letters, digits, '_' and '-'", c.Agent)
 	}
+	if err := validRequires(field+".requires", c.Requires); err != nil {
+		return err
+	}
 	if err := validRetry(field, Step{MaxRetries: c.MaxRetries, Retry: c.Retry}); err != nil {
 		return err
 	}
@@ -329,8 +332,8 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 }
 
 // CompensationStep is the step that runs c for step s: same pool, agent
-// and requirements (or cluster and target) unless c names its own pool or
-// agent, the same priority, concurrency key and rate limit, no
+// and requirements (or cluster and target) unless c names its own pool
+// (then none of the step's requirements) or agent, the same priority, concurrency key and rate limit, no
 // dependencies (the planner orders compensations). A cluster step's undo
 // goes through its cluster to the member that owns its target, fenced
 // like the step: without them it went to the default pool, to any agent
@@ -350,7 +353,10 @@ func (s Step) CompensationStep() (Step, bool) {
 		out.Cluster, out.Target = "", "" // runs where c says, outside the cluster
 	}
 	if c.Pool != "" {
-		out.Pool, out.Agent = c.Pool, c.Agent
+		// Another pool's agents are not the forward step's: its
+		// requirements stayed on the undo, which then matched no agent
+		// there and left the job compensating for ever.
+		out.Pool, out.Agent, out.Requires = c.Pool, c.Agent, nil
 	} else if c.Agent != "" {
 		out.Agent = c.Agent
 	}

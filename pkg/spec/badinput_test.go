@@ -1,0 +1,72 @@
+package spec_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/wardenhq/warden/pkg/spec"
+)
+
+// Bad input a reviewer found accepted. Old code: "accepted …" for each.
+
+// A JSON spec followed by a stray '}' or ']' (and more) was accepted:
+// Decoder.More is false before them.
+func TestJSONSpecWithTrailingDataIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"name":"x","steps":[{"id":"a","action":"echo"}]}}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo"}]}]{"x":1}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo"}]} {"name":"y"}`,
+	} {
+		_, err := spec.Parse([]byte(in), spec.Limits{})
+		var ve *spec.ValidationError
+		if !errors.As(err, &ve) || ve.Reason != spec.ReasonMalformed {
+			t.Errorf("accepted trailing data (%v): %s", err, in)
+		}
+	}
+	if _, err := spec.Parse([]byte("{\"name\":\"x\",\"steps\":[{\"id\":\"a\",\"action\":\"echo\"}]}\n  \n"), spec.Limits{}); err != nil {
+		t.Errorf("trailing white space refused: %v", err)
+	}
+}
+
+// A required capability no agent can offer (empty: an agent's are not)
+// left the step waiting for ever; a NUL in one could make two sets of
+// requirements one slot class.
+func TestRequiredCapabilitiesAreChecked(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"name":"x","steps":[{"id":"a","action":"echo","requires":[""]}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","requires":["  "]}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","requires":["gpu\u0000x"]}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","requires":[" gpu"]}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","compensate":{"action":"undo","requires":[""]}}]}`,
+	} {
+		if _, err := spec.Parse([]byte(in), spec.Limits{}); err == nil {
+			t.Errorf("accepted %s", in)
+		}
+	}
+	if _, err := spec.Parse([]byte(`{"name":"x","steps":[{"id":"a","action":"echo","requires":["gpu","os:linux"]}]}`), spec.Limits{}); err != nil {
+		t.Errorf("good requirements refused: %v", err)
+	}
+}
+
+// A compensation sent to another pool took the forward step's required
+// capabilities there: no agent of that pool matched, and the job stayed
+// compensating for ever.
+func TestCompensationInAnotherPoolTakesNoneOfTheStepsRequirements(t *testing.T) {
+	t.Parallel()
+	j, err := spec.Parse([]byte(`{"name":"x","steps":[{"id":"train","action":"fit","pool":"gpu","requires":["cuda"],
+		"compensate":{"action":"release","pool":"cpu"}},
+		{"id":"b","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release"}},
+		{"id":"c","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release","pool":"cpu","requires":["x86"]}}]}`), spec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{nil, {"cuda"}, {"x86"}}
+	for i, s := range j.Steps {
+		c, _ := s.CompensationStep()
+		if len(c.Requires) != len(want[i]) || (len(want[i]) > 0 && c.Requires[0] != want[i][0]) {
+			t.Errorf("undo of %s (pool %q) requires %q, want %q", s.ID, c.Pool, c.Requires, want[i])
+		}
+	}
+}
