@@ -75,6 +75,9 @@ type ListedJob struct {
 	// Steps are the job's steps, read with Job in one read (Store.Load), in
 	// spec order; a step not yet materialised is missing.
 	Steps []VersionedStep `json:"-"`
+	// Unreadable is why the job's records could not be decoded (Job is
+	// then nil): it is listed from its entry, and the others still are.
+	Unreadable error `json:"-"`
 }
 
 // StepsDone counts the steps read with the job that are in a terminal
@@ -223,6 +226,10 @@ func (s *Store) readPage(ctx context.Context, sel []JobEntry, out []ListedJob) e
 			snap, err := s.Load(ctx, e.ID)
 			switch {
 			case errors.Is(err, ErrNotFound):
+			case errors.Is(err, ErrUndecodable):
+				// One bad record failed the whole page (and the
+				// overview, when it was the newest job's).
+				out[i].Unreadable = err
 			case err != nil:
 				errs[i] = err
 			default:
@@ -402,7 +409,9 @@ func parseTTL(v string) (time.Duration, bool) {
 // there is none.
 func (s *Store) legacyEntry(ctx context.Context, id string) (e JobEntry, ok bool, err error) {
 	j, rev, err := s.Job(ctx, id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrUndecodable) {
+		// Not a job (an undecodable record failed every scan, and the
+		// index never built): left out of listings.
 		return JobEntry{}, false, nil
 	}
 	if err != nil {

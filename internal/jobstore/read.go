@@ -342,7 +342,7 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 	delete(got, jobKey)
 	j, err := decodeJob(je.data)
 	if err != nil {
-		return nil, fmt.Errorf("decode %s: %w", jobKey, err)
+		return nil, fmt.Errorf("%w %s: %w", ErrUndecodable, jobKey, err)
 	}
 	rev := je.rev
 	snap := &Snapshot{Job: j, JobRev: rev, Revs: make(map[string]uint64, len(j.Spec.Steps))}
@@ -360,7 +360,7 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 	for _, e := range got {
 		var st Step
 		if err := json.Unmarshal(e.data, &st); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", e.key, err)
+			return nil, fmt.Errorf("%w %s: %w", ErrUndecodable, e.key, err)
 		}
 		snap.Steps = append(snap.Steps, &st)
 		snap.Revs[st.ID] = e.rev

@@ -23,6 +23,9 @@ var (
 	ErrExists = errors.New("already exists")
 	// ErrConflict: the record changed since it was read (CAS lost).
 	ErrConflict = errors.New("revision conflict")
+	// ErrUndecodable: a record is not one (written by hand, or by a
+	// version that wrote another shape).
+	ErrUndecodable = errors.New("undecodable record")
 )
 
 // DefaultRetention is how long a finished job's records are kept.
@@ -85,7 +88,7 @@ func (s *Store) Job(ctx context.Context, id string) (*Job, uint64, error) {
 	}
 	j, err := decodeJob(e.data)
 	if err != nil {
-		return nil, 0, fmt.Errorf("decode %s: %w", protocol.JobKey(id), err)
+		return nil, 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(id), err)
 	}
 	return j, e.rev, nil
 }
@@ -117,7 +120,7 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 	if e, ok := got[protocol.JobKey(job)]; ok {
 		j, err := decodeJob(e.data)
 		if err != nil {
-			return nil, 0, fmt.Errorf("decode %s: %w", protocol.JobKey(job), err)
+			return nil, 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(job), err)
 		}
 		if j.Inline {
 			if st := j.Step(step); st != nil {
@@ -149,7 +152,7 @@ func (s *Store) UpdateStep(ctx context.Context, st *Step, rev uint64) (uint64, e
 	}
 	j, err := decodeJob(e.data)
 	if err != nil {
-		return 0, fmt.Errorf("decode %s: %w", protocol.JobKey(st.JobID), err)
+		return 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(st.JobID), err)
 	}
 	if !j.ReplaceStep(st) {
 		return 0, fmt.Errorf("update %s: %w", protocol.StepKey(st.JobID, st.ID), ErrNotFound)

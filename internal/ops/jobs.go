@@ -49,6 +49,10 @@ func (o *Ops) ListJobs(ctx context.Context, f jobstore.ListFilter) (JobsPage, er
 	}
 	out := JobsPage{Jobs: make([]JobSummary, 0, len(p.Jobs)), Next: p.Next, Matched: p.Matched, Counts: p.Counts}
 	for _, lj := range p.Jobs {
+		if lj.Unreadable != nil {
+			out.Jobs = append(out.Jobs, JobSummary{JobEntry: lj.JobEntry, Error: "records unreadable: " + lj.Unreadable.Error()})
+			continue
+		}
 		if lj.Job == nil {
 			continue // its retention ended between the scan and the read
 		}
