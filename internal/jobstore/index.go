@@ -254,11 +254,7 @@ func (ix *Index) attempt(ctx context.Context, conn <-chan nats.Status, log zerol
 	}
 	defer func() {
 		it.Stop()
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = ix.js.DeleteConsumer(dctx, ix.store.stream, ci.Name)
-			dcancel()
-		}
+		dropConsumer(ctx, ix.js, ix.store.stream, cons)
 	}()
 	// Next blocks without a context: stop the iterator when actx ends.
 	stop := context.AfterFunc(actx, it.Stop)

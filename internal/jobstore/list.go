@@ -285,11 +285,7 @@ func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	}
 	defer func() {
 		it.Stop()
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = js.DeleteConsumer(dctx, stream, ci.Name)
-			cancel()
-		}
+		dropConsumer(ctx, js, stream, cons)
 	}()
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return nil, last, nil

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -272,10 +273,15 @@ func (s *Store) multiLastPage(ctx context.Context, filters []string, from, upTo 
 func (s *Store) lastByConsumer(ctx context.Context, filters []string) (map[string]entry, error) {
 	cons, err := s.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: 30 * time.Second, // if the delete below is lost
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read %v: %w", filters, err)
 	}
+	// Every read of a wide job made one, and each stayed on the server
+	// for nats.go's default threshold (5 minutes): a dashboard showing one
+	// such job kept about 150 alive.
+	defer dropConsumer(ctx, s.js, s.stream, cons)
 	out := make(map[string]entry)
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return out, nil
@@ -387,3 +393,13 @@ func (s *Snapshot) Versioned() []VersionedStep {
 // stepReadConcurrency bounds the single-record reads one caller has in
 // flight at once (listings read a page of jobs concurrently).
 const stepReadConcurrency = 32
+
+// dropConsumer deletes an ordered consumer read to its end (or abandoned):
+// left, it stays on the server until its inactive threshold.
+func dropConsumer(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
+	if ci := cons.CachedInfo(); ci != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = js.DeleteConsumer(dctx, stream, ci.Name)
+		cancel()
+	}
+}
