@@ -64,6 +64,15 @@ type Index struct {
 	// been applied; progress is when it last moved.
 	covered  uint64
 	progress time.Time
+	// behind is when a listing found the follower short of a write since
+	// it last moved (zero: none did). A stall is judged from the later of
+	// the two: from progress alone, a follower that had nothing to apply
+	// for longer than Stall was taken for stalled at its first slow
+	// delivery, and the whole index rebuilt.
+	behind time.Time
+	// oldest is a revision no live entry is below (checkStream): the
+	// least at the build, raised when found stale.
+	oldest uint64
 	// changed is closed (and cleared) when covered moves or the index is
 	// dropped; made by a waiting listing.
 	changed chan struct{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -79,20 +80,24 @@ func (ix *Index) await(ctx context.Context) (uint64, error) {
 			return 0, err
 		}
 		if covered >= last {
-			return gen, nil
+			return gen, ix.checkHead(gen, st.CachedInfo().State.FirstSeq)
 		}
 		next, found, err := ix.nextJobWrite(cctx, covered+1)
 		if err != nil {
 			return 0, fmt.Errorf("job index: next job write: %w", err)
 		}
-		if !found || next > last {
-			// No job write in (covered, last]: the index is current up to last.
+		if !found {
+			// No job write after covered: the index is current up to last.
+			// (One found past last is waited for all the same: a job
+			// written at or before last may have been rewritten since,
+			// its first write gone, and only the follower applying the
+			// rewrite brings it in.)
 			ix.mu.Lock()
 			if ix.gen == gen {
 				ix.covered = max(ix.covered, last)
 			}
 			ix.mu.Unlock()
-			return gen, nil
+			return gen, ix.checkHead(gen, st.CachedInfo().State.FirstSeq)
 		}
 		if err := ix.waitFor(cctx, ctx, gen, next); err != nil {
 			return 0, err
@@ -115,6 +120,38 @@ func (ix *Index) checkStream(gen uint64, st jetstream.StreamState) error {
 	}
 	err := fmt.Errorf("%w: stream at sequence %d with %d messages, index at %d with %d jobs",
 		errIndexStreamReset, st.LastSeq, st.Msgs, ix.covered, len(ix.byID))
+	if ix.abort != nil {
+		ix.abort(err)
+	}
+	return err
+}
+
+// checkHead ends the follower of an index that holds a job whose record
+// is gone without a marker: the stream's first message (first, read
+// before the index caught up with the stream's last) is past a live
+// entry's revision, each of which is a message still stored unless the
+// stream was purged (a purge writes no markers; purged, then written
+// again, the stream passed checkStream). Judged only once the index has
+// applied every write up to that read: a record its retention removed
+// leaves a marker by then.
+func (ix *Index) checkHead(gen, first uint64) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if !ix.ready || ix.gen != gen {
+		return errIndexRebuilt
+	}
+	if ix.oldest == 0 {
+		ix.oldest = ix.leastRevision() // built empty: 0 while it stays so
+	}
+	if ix.oldest == 0 || first <= ix.oldest {
+		return nil
+	}
+	// Entries rewritten since oldest was taken raised theirs: look again
+	// (amortised: only when the stream's head passes it).
+	if ix.oldest = ix.leastRevision(); ix.oldest == 0 || first <= ix.oldest {
+		return nil
+	}
+	err := fmt.Errorf("%w: stream's first message %d past job revision %d", errIndexStreamReset, first, ix.oldest)
 	if ix.abort != nil {
 		ix.abort(err)
 	}
@@ -158,8 +195,14 @@ func (ix *Index) waitFor(cctx, ctx context.Context, gen, seq uint64) error {
 				return ctx.Err()
 			}
 			ix.mu.Lock()
-			if ix.ready && ix.gen == gen && ix.covered < seq && ix.cfg.Now().Sub(ix.progress) >= ix.cfg.Stall && ix.abort != nil {
-				ix.abort(fmt.Errorf("%w: job write %d not applied, none since %s", errIndexStalled, seq, ix.progress.Format("15:04:05.000")))
+			if ix.ready && ix.gen == gen && ix.covered < seq {
+				now := ix.cfg.Now()
+				if ix.behind.IsZero() {
+					ix.behind = now.Add(-ix.cfg.CatchUp) // this listing's wait
+				}
+				if since := later(ix.progress, ix.behind); now.Sub(since) >= ix.cfg.Stall && ix.abort != nil {
+					ix.abort(fmt.Errorf("%w: job write %d not applied, behind since %s", errIndexStalled, seq, since.Format("15:04:05.000")))
+				}
 			}
 			ix.mu.Unlock()
 			return fmt.Errorf("%w: job write %d not applied in %s", errIndexBehind, seq, ix.cfg.CatchUp)
@@ -239,4 +282,11 @@ func (ix *Index) pageLocked(f ListFilter, limit int, after *JobEntry) (ListPage,
 		page.Next = encodeCursor(sel[limit-1])
 	}
 	return page, sel
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -3,6 +3,7 @@ package jobstore
 import (
 	"slices"
 	"strings"
+	"time"
 )
 
 // The index's entries: a slot per job, found by id (byID) and kept in
@@ -25,7 +26,7 @@ func (ix *Index) install(entries []JobEntry, last uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.byID, ix.order, ix.removed, ix.counts = byID, order, 0, counts
-	ix.covered, ix.progress = last, ix.cfg.Now()
+	ix.covered, ix.progress, ix.behind, ix.oldest = last, ix.cfg.Now(), time.Time{}, ix.leastRevision()
 	ix.gen++
 	ix.ready = true
 	ix.builds.Add(1)
@@ -97,9 +98,21 @@ func (ix *Index) count(s JobState, d int) {
 // advance records that every job write up to seq is applied. Lock held.
 func (ix *Index) advance(seq uint64) {
 	if seq > ix.covered {
-		ix.covered, ix.progress = seq, ix.cfg.Now()
+		ix.covered, ix.progress, ix.behind = seq, ix.cfg.Now(), time.Time{}
 		ix.wake()
 	}
+}
+
+// leastRevision is the least revision of a live entry; 0 with none.
+// Lock held (or the index not yet shared).
+func (ix *Index) leastRevision() uint64 {
+	var least uint64
+	for _, sl := range ix.byID {
+		if !sl.removed && (least == 0 || sl.Revision < least) {
+			least = sl.Revision
+		}
+	}
+	return least
 }
 
 // wake tells waiting listings that the index moved. Lock held.
