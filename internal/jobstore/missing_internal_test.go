@@ -61,3 +61,40 @@ func TestMissingAsksTheStreamLeader(t *testing.T) {
 		t.Errorf("Step of a job that does not exist: %v", err)
 	}
 }
+
+// A single-key read that a replica behind the leader answered "no
+// record" is answered from the leader, record and all: the leader's answer
+// carried it, and ErrBehindLeader threw it away. On one server the
+// replica's miss is played by asking the leader for a key that is there.
+//
+// Old code: no leaderLast (missing returned ErrBehindLeader without the
+// record).
+func TestLeaderLastReturnsTheLeadersRecord(t *testing.T) {
+	t.Parallel()
+	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := protocol.StepKey("j", "a")
+	rev, err := s.KV().Put(ctx, key, []byte(`{"id":"a","state":"running"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := s.leaderLast(ctx, key)
+	if err != nil || e.rev != rev || string(e.data) != `{"id":"a","state":"running"}` || e.key != key {
+		t.Fatalf("leaderLast = %+v, %v; want the record at revision %d", e, err, rev)
+	}
+	st, got, err := stepOf(e)
+	if err != nil || st.ID != "a" || got != rev {
+		t.Fatalf("stepOf = %+v, %d, %v", st, got, err)
+	}
+	if err := s.KV().Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.leaderLast(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("leaderLast of a deleted key: %v, want ErrNotFound", err)
+	}
+}

@@ -49,7 +49,7 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 	}
 	if st := m.Header.Get("Status"); st != "" {
 		if st == "404" {
-			return entry{}, s.missing(ctx, key)
+			return s.leaderLast(ctx, key)
 		}
 		return entry{}, fmt.Errorf("get %s: status %s %s", key, st, m.Header.Get("Description"))
 	}
@@ -58,7 +58,7 @@ func (s *Store) getLast(ctx context.Context, key string) (entry, error) {
 		return entry{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	if !ok {
-		return entry{}, s.missing(ctx, key)
+		return s.leaderLast(ctx, key)
 	}
 	return e, nil
 }
@@ -85,31 +85,44 @@ var ErrBehindLeader = fmt.Errorf("%w: read answered by a replica behind the stre
 // the step's result, and the step waited for its lease). The leader's
 // answer costs a request only on this path.
 func (s *Store) missing(ctx context.Context, key string) error {
+	if _, err := s.leaderLast(ctx, key); err != nil {
+		return err
+	}
+	return fmt.Errorf("get %s: %w", key, ErrBehindLeader)
+}
+
+// leaderLast reads key's last record from the stream's leader: what a
+// single-key read found missing at a replica behind it. The leader's
+// answer carries the record, which is returned (ErrBehindLeader threw it
+// away, and every caller read again, or failed: jobs ls, job cancel).
+// ErrNotFound when the leader has none either, or only its removal.
+func (s *Store) leaderLast(ctx context.Context, key string) (entry, error) {
 	msg, err := leaderGet(ctx, s.nc, s.stream, struct {
 		LastBySubj string `json:"last_by_subj"`
 	}{kvPrefix + key})
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return fmt.Errorf("get %s: %w", key, ErrNotFound)
+		return entry{}, fmt.Errorf("get %s: %w", key, ErrNotFound)
 	case err != nil:
-		return fmt.Errorf("get %s from the stream leader: %w", key, err)
+		return entry{}, fmt.Errorf("get %s from the stream leader: %w", key, err)
 	}
+	var h nats.Header
 	if len(msg.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(msg.Header)
-		if err != nil {
-			return fmt.Errorf("get %s from the stream leader: %w", key, err)
+		if h, err = nats.DecodeHeadersMsg(msg.Header); err != nil {
+			return entry{}, fmt.Errorf("get %s from the stream leader: %w", key, err)
 		}
 		if Removed(h) {
-			return fmt.Errorf("get %s: %w", key, ErrNotFound)
+			return entry{}, fmt.Errorf("get %s: %w", key, ErrNotFound)
 		}
 	}
-	return fmt.Errorf("get %s: %w", key, ErrBehindLeader)
+	return entry{key: key, rev: msg.Seq, data: msg.Data, expiring: h.Get(headerTTL) != ""}, nil
 }
 
 // leaderMsg is what a STREAM.MSG.GET answers of a message.
 type leaderMsg struct {
 	Seq    uint64 `json:"seq"`
 	Header []byte `json:"hdrs"`
+	Data   []byte `json:"data"`
 }
 
 // leaderGet asks stream's leader (not a replica that may lag, as a direct
@@ -317,6 +330,14 @@ func (s *Store) lastByConsumer(ctx context.Context, filters []string) (map[strin
 	}
 }
 
+// behindRetry is Load's first wait before it reads again from a replica
+// behind the leader; the wait doubles while it is at most behindRetryMax
+// (about 300 ms in all), then ErrBehindLeader is returned.
+const (
+	behindRetry    = 10 * time.Millisecond
+	behindRetryMax = 160 * time.Millisecond
+)
+
 // Snapshot is a job with all its steps, each with the revision of the
 // record that holds it.
 type Snapshot struct {
@@ -337,13 +358,31 @@ type Snapshot struct {
 // snapshot). A job whose steps live inline has no step records.
 func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 	jobKey := protocol.JobKey(jobID)
-	got, err := s.multiLast(ctx, []string{jobKey, protocol.StepKeysFilter(jobID)})
-	if err != nil {
-		return nil, err
-	}
-	je, ok := got[jobKey]
-	if !ok {
-		return nil, s.missing(ctx, jobKey)
+	var (
+		got map[string]entry
+		je  entry
+	)
+	for wait := behindRetry; ; wait *= 2 {
+		var err error
+		if got, err = s.multiLast(ctx, []string{jobKey, protocol.StepKeysFilter(jobID)}); err != nil {
+			return nil, err
+		}
+		var ok bool
+		if je, ok = got[jobKey]; ok {
+			break
+		}
+		err = s.missing(ctx, jobKey)
+		if !errors.Is(err, ErrBehindLeader) || wait > behindRetryMax {
+			return nil, err
+		}
+		// The replica that answered lags the leader, by milliseconds
+		// as a rule: its steps would be as stale as its job. Read again
+		// rather than fail the caller (a listing, a cancel) at once.
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
 	}
 	delete(got, jobKey)
 	j, err := decodeJob(je.data)

@@ -111,11 +111,7 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 		return nil, 0, err
 	}
 	if e, ok := got[protocol.StepKey(job, step)]; ok {
-		var st Step
-		if err := json.Unmarshal(e.data, &st); err != nil {
-			return nil, 0, fmt.Errorf("decode %s: %w", protocol.StepKey(job, step), err)
-		}
-		return &st, e.rev, nil
+		return stepOf(e)
 	}
 	if e, ok := got[protocol.JobKey(job)]; ok {
 		j, err := decodeJob(e.data)
@@ -128,13 +124,27 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 			}
 			return nil, 0, fmt.Errorf("get %s: %w", protocol.StepKey(job, step), ErrNotFound) // the job has no such step
 		}
-		// A replica may hold the job record and not yet the step's.
-		return nil, 0, s.missing(ctx, protocol.StepKey(job, step))
+		// A replica may hold the job record and not yet the step's: the
+		// leader's is read.
+		e, err := s.leaderLast(ctx, protocol.StepKey(job, step))
+		if err != nil {
+			return nil, 0, err
+		}
+		return stepOf(e)
 	}
 	// Neither record here: the leader is asked about the job's, which every
 	// job has (an inline job has no step record to ask about, and asking
 	// for one said "not found" for a job a lagging replica had not stored).
 	return nil, 0, s.missing(ctx, protocol.JobKey(job))
+}
+
+// stepOf decodes a step record.
+func stepOf(e entry) (*Step, uint64, error) {
+	var st Step
+	if err := json.Unmarshal(e.data, &st); err != nil {
+		return nil, 0, fmt.Errorf("%w %s: %w", ErrUndecodable, e.key, err)
+	}
+	return &st, e.rev, nil
 }
 
 // UpdateStep writes st if its record is still at rev; ErrConflict otherwise.
