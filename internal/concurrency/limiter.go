@@ -335,10 +335,10 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, holder str
 }
 
 // Grant is what AcquireGrant gave: a slot until Until, new or, Renewed, one
-// the holder already had.
+// the holder already had, whose lease ended at Prev before.
 type Grant struct {
 	Granted, Renewed bool
-	Until            time.Time
+	Until, Prev      time.Time
 }
 
 // AcquireGrant asks for a slot of key (at most limit holders) for holder,
@@ -371,8 +371,9 @@ func (l *Limiter) AcquireGrant(ctx context.Context, key string, limit int, holde
 		r.Limit = limit
 		retryAt, g, full = time.Time{}, Grant{}, nil
 		if i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder }); i >= 0 {
+			prev := r.Holders[i].Until
 			r.Holders[i].Until = now.Add(lease)
-			g = Grant{Granted: true, Renewed: true, Until: r.Holders[i].Until}
+			g = Grant{Granted: true, Renewed: true, Until: r.Holders[i].Until, Prev: prev}
 			return true
 		}
 		free := limit - len(r.Holders)
@@ -519,6 +520,40 @@ func (l *Limiter) Release(ctx context.Context, key, holder string) (next []strin
 // on it.
 func (l *Limiter) ReleaseGrant(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
 	return l.release(ctx, key, holder, until)
+}
+
+// Unrenew takes back a renewal g (Renewed) its caller did not use: the
+// holder's lease ends at g.Prev again, unless someone renewed it since
+// (it no longer ends at g.Until); a lease already over frees the slot,
+// and the waiters it now belongs to are returned. A step taken back from
+// a dead agent keeps its slot until its lease ends (its task may still
+// run, cut off), and asking again while it waited for an agent renewed
+// that lease every time: the key stayed held, for as long as the step
+// waited, by a step that ran nowhere.
+func (l *Limiter) Unrenew(ctx context.Context, key, holder string, g Grant) (next []string, err error) {
+	if !g.Renewed {
+		return nil, nil
+	}
+	defer l.forgetFull(key)
+	err = l.update(ctx, key, func(r *record) bool {
+		next = nil
+		i := slices.IndexFunc(r.Holders, func(e entry) bool { return e.ID == holder })
+		if i < 0 || !r.Holders[i].Until.Equal(g.Until) {
+			return false
+		}
+		now := l.cfg.Now()
+		if g.Prev.After(now) {
+			r.Holders[i].Until = g.Prev
+			return true
+		}
+		r.Holders = slices.Delete(r.Holders, i, i+1)
+		r.prune(now)
+		for j := 0; j < len(r.Waiters) && j < r.Limit-len(r.Holders); j++ {
+			next = append(next, r.Waiters[j].ID)
+		}
+		return true
+	})
+	return next, err
 }
 
 // release is Release, kept from a holder whose lease ends after until

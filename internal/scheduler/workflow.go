@@ -272,10 +272,19 @@ type gateGrant struct {
 // job record's compare-and-set, no agent), it was the slot the winner's
 // step ran on, and the key's limit was exceeded (two schedulers, a limit
 // of 1: 65 of 80 runs overlapped another). A slot kept so is freed by its
-// lease if nobody uses it.
+// lease if nobody uses it. A slot this turn only renewed gets its lease
+// back (Unrenew): a step taken back from a dead agent renewed it at every
+// try while it waited for an agent, and held the key for as long.
 func (w *worker) giveBackSlots(ctx context.Context, st *jobstore.Step, grants []gateGrant) {
 	for _, g := range grants {
 		if g.Renewed {
+			next, err := w.s.gates.conc.Unrenew(ctx, g.key, holderID(st.JobID, st.ID), g.Grant)
+			if err != nil {
+				w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", g.key).
+					Msg("concurrency slot's renewal not taken back; its lease will free it")
+				continue
+			}
+			w.wakeWaiters(next)
 			continue
 		}
 		next, err := w.s.gates.conc.ReleaseGrant(ctx, g.key, holderID(st.JobID, st.ID), g.Until)
