@@ -16,6 +16,7 @@ import (
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/internal/scheduler"
+	"github.com/wardenhq/warden/internal/selection"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
 	"github.com/wardenhq/warden/test/handagent"
@@ -219,7 +220,7 @@ func TestTwoSchedulersDispatchEachStepOnce(t *testing.T) {
 func TestUnknownActionFailsJobWithReason(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
+	b.startScheduler(t, noStartGrace(scheduler.Config{}))
 	handagent.Start(t, b.js, "default", "a1", nil)
 	b.submit(t, []byte("name: typo\nsteps: [{id: s, action: deplyo}]"), "job-typo", "")
 	job := b.waitJob(t, "job-typo", jobstore.JobFailed)
@@ -382,4 +383,13 @@ func TestGateFreedWhileStartingIsHandled(t *testing.T) {
 	b.submitNoReply(t, []byte(`{"name":"g","steps":[{"id":"s","action":"echo"}]}`), "job-g")
 	handagent.Start(t, b.js, "default", "a1", nil)
 	b.waitJob(t, "job-g", jobstore.JobSucceeded)
+}
+
+// noStartGrace turns off the wait for agents after the scheduler's start
+// (selection.Config.StartGrace): a step whose action no agent offers fails
+// at once as an unknown action.
+func noStartGrace(cfg scheduler.Config) scheduler.Config {
+	cfg.Selection = selection.DefaultConfig()
+	cfg.Selection.StartGrace = -1
+	return cfg
 }

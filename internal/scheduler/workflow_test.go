@@ -549,7 +549,7 @@ func overlaps(got []run) []string {
 func TestCompensationStartsWhenDispatchEndsTheLastStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
+	b.startScheduler(t, noStartGrace(scheduler.Config{}))
 	a := agenttest.StartAgent(t, b.nc, agent.Config{ID: "a1", Pool: "default"})
 	var mu sync.Mutex
 	var order []string

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"time"
 
 	"github.com/wardenhq/warden/internal/health"
+	"github.com/wardenhq/warden/pkg/protocol"
 )
 
 // Strategy names how a pool's agent is chosen among the eligible ones.
@@ -57,6 +59,13 @@ type Config struct {
 	// 0 makes the level ineligible. An agent without assessment counts as
 	// healthy.
 	HealthFactors HealthFactors `yaml:"health_factors" json:"health_factors"`
+	// StartGrace is how long after it starts a scheduler takes an action
+	// that no present agent of the pool offers for one whose agents are
+	// not back yet (the step waits) rather than unknown (the step fails):
+	// it knows of agents that left only from its start, so an agent
+	// offline across its restart, or restarting with it, failed its steps
+	// for good. Defaults to 30s; negative: none.
+	StartGrace protocol.Duration `yaml:"start_grace" json:"start_grace"`
 }
 
 // PoolConfig is one pool's selection.
@@ -102,7 +111,7 @@ func (f HealthFactors) Of(l health.Level) float64 {
 func DefaultConfig() Config { return Config{}.WithDefaults() }
 
 // WithDefaults fills the zero fields: the strategy; the prior when both its
-// fields are zero; the health factors when all are zero.
+// fields are zero; the health factors when all are zero; the start grace.
 func (c Config) WithDefaults() Config {
 	if c.Strategy == "" {
 		c.Strategy = StrategyScore
@@ -112,6 +121,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.HealthFactors == (HealthFactors{}) {
 		c.HealthFactors = DefaultHealthFactors()
+	}
+	if c.StartGrace == 0 {
+		c.StartGrace = protocol.Duration(30 * time.Second)
 	}
 	return c
 }

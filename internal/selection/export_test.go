@@ -3,4 +3,4 @@ package selection
 import "time"
 
 // SetClock replaces the selector's clock (tests only).
-func SetClock(s *Selector, now func() time.Time) { s.now = now }
+func SetClock(s *Selector, now func() time.Time) { s.now, s.started = now, now() }

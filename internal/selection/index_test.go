@@ -277,3 +277,34 @@ func TestLargePoolAffinityAmongActionAgents(t *testing.T) {
 		})
 	}
 }
+
+// TestStartGrace: a selector knows of agents that left only from its
+// start. For StartGrace after it, an action no present agent of the pool
+// offers waits (ErrNoAgent): its agent may be offline across the
+// scheduler's restart, or restarting with it. It failed such steps for
+// good as unknown actions (a reviewer's reproduction: "after restart
+// unknown action \"train\": no agent of pool p offers it"). After the
+// grace an action never offered is unknown, as before.
+func TestStartGrace(t *testing.T) {
+	t.Parallel()
+	now := t0
+	s := newSelector(t, func(c *selection.Config) { c.StartGrace = protocol.Duration(30 * time.Second) })
+	selection.SetClock(s, func() time.Time { return now })
+	s.Observe(agent("a", 0, 4)) // offers echo; train's agent is offline
+	train := selection.Request{Pool: "p", Action: "train"}
+	_, err := s.Choose(train)
+	if !errors.Is(err, selection.ErrNoAgent) || errors.Is(err, selection.ErrUnknownAction) {
+		t.Fatalf("train right after the start: %v, want ErrNoAgent", err)
+	}
+	b := agent("b", 0, 4)
+	b.Actions = []string{"train"}
+	now = now.Add(20 * time.Second)
+	s.Observe(b) // back within the grace
+	if p, err := s.Choose(train); err != nil || p.ID != "b" {
+		t.Fatalf("train once b is back: %s, %v", p.ID, err)
+	}
+	now = now.Add(20 * time.Second) // past the grace
+	if _, err := s.Choose(selection.Request{Pool: "p", Action: "trian"}); !errors.Is(err, selection.ErrUnknownAction) {
+		t.Fatalf("an action never offered, past the grace: %v", err)
+	}
+}

@@ -53,6 +53,9 @@ type Selector struct {
 	// left (or stopped offering it), for offlineMemory: a step for it
 	// waits for the agent instead of failing as an unknown action.
 	departed map[string]map[string]time.Time
+	// started is when the selector began; for Config.StartGrace after
+	// it, an action no agent offers waits (see decide).
+	started  time.Time
 	now      func() time.Time
 	health   map[agentKey]health.Assessment
 	turns    map[turnKey]turn   // round robin, per kind of step (turn.go)
@@ -98,7 +101,7 @@ func NewWithConfig(cfg Config) (*Selector, error) {
 		return nil, err
 	}
 	return &Selector{cfg: cfg, entries: map[agentKey]*entry{}, sets: map[setKey]*set{},
-		actions: map[string]map[string]int{}, departed: map[string]map[string]time.Time{}, now: time.Now,
+		actions: map[string]map[string]int{}, departed: map[string]map[string]time.Time{}, now: time.Now, started: time.Now(),
 		health: map[agentKey]health.Assessment{},
 		turns:  map[turnKey]turn{}}, nil
 }
@@ -274,6 +277,13 @@ func (s *Selector) decide(req Request, commit bool) (*entry, error) {
 		if left, ok := s.departed[req.Pool][req.Action]; ok && s.now().Sub(left) < offlineMemory {
 			return nil, fmt.Errorf("%w: %s (offered only by agents now offline, the last gone %s ago)",
 				ErrNoAgent, describe(req), s.now().Sub(left).Round(time.Second))
+		}
+		if since, grace := s.now().Sub(s.started), s.cfg.StartGrace.Std(); since < grace {
+			// It knows of departures only from its start: an agent
+			// offline across a scheduler's restart (or one restarting
+			// with it) was not seen leave, and its steps failed for good.
+			return nil, fmt.Errorf("%w: %s (no agent of the pool offers it; this scheduler started %s ago and waits %s for agents to come back before it calls the action unknown)",
+				ErrNoAgent, describe(req), since.Round(time.Second), grace)
 		}
 		if _, inPool := s.sets[setKey{kind: kindPool, pool: req.Pool}]; inPool {
 			return nil, fmt.Errorf("%w %q: no agent of pool %s offers it (offered: %s)",

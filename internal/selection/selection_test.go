@@ -27,6 +27,7 @@ var echo = selection.Request{Pool: "p", Action: "echo"}
 func newSelector(t *testing.T, edit func(*selection.Config)) *selection.Selector {
 	t.Helper()
 	cfg := selection.DefaultConfig()
+	cfg.StartGrace = -1 // an unknown action is unknown at once (TestStartGrace)
 	if edit != nil {
 		edit(&cfg)
 	}
