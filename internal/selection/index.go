@@ -134,6 +134,7 @@ func sameSets(a, b *protocol.Presence) bool {
 // join adds e to the sets its presence names, and to the affinity views
 // of its pool whose query it matches.
 func (s *Selector) join(e *entry) {
+	s.pruneDeparted()
 	for _, k := range keysOf(&e.p) {
 		st, ok := s.sets[k]
 		if !ok {
@@ -187,6 +188,7 @@ func (s *Selector) leave(e *entry) {
 			delete(s.sets, k)
 		}
 		if k.kind == kindAction {
+			s.pruneDeparted()
 			if s.departed[e.p.Pool] == nil {
 				s.departed[e.p.Pool] = map[string]time.Time{}
 			}
@@ -317,4 +319,26 @@ func (s *Selector) Capacity(pool, action string) int {
 		return 0
 	}
 	return st.capacity
+}
+
+// pruneDeparted forgets departures older than offlineMemory, at most once
+// an hour: each pool and action an agent ever left stayed for good, which
+// ephemeral pools (one per branch or run) grew without bound. Callers
+// hold s.mu.
+func (s *Selector) pruneDeparted() {
+	now := s.now()
+	if now.Sub(s.prunedAt) < time.Hour {
+		return
+	}
+	s.prunedAt = now
+	for pool, acts := range s.departed {
+		for a, left := range acts {
+			if now.Sub(left) >= offlineMemory {
+				delete(acts, a)
+			}
+		}
+		if len(acts) == 0 {
+			delete(s.departed, pool)
+		}
+	}
 }

@@ -53,6 +53,7 @@ type Selector struct {
 	// left (or stopped offering it), for offlineMemory: a step for it
 	// waits for the agent instead of failing as an unknown action.
 	departed map[string]map[string]time.Time
+	prunedAt time.Time // departed's last pruning (pruneDeparted)
 	// started is when the selector began; for Config.StartGrace after
 	// it, an action no agent offers waits (see decide).
 	started  time.Time
