@@ -76,6 +76,9 @@ type Limiter struct {
 	// nothing (one per key ever used would grow without bound).
 	mu   sync.Mutex
 	keys map[string]*keyState
+	// sweepAt is the size of keys at which the next new key first
+	// sweeps it (sweep).
+	sweepAt int
 	// full holds the keys found with a full queue (stillFull); guarded
 	// by mu.
 	full map[string]fullKey
@@ -130,6 +133,9 @@ func (l *Limiter) hold(key string) *keyState {
 	l.mu.Lock()
 	ks := l.keys[key]
 	if ks == nil {
+		if len(l.keys) >= max(l.sweepAt, minSweep) {
+			l.sweep()
+		}
 		ks = new(keyState)
 		l.keys[key] = ks
 	}
@@ -137,6 +143,31 @@ func (l *Limiter) hold(key string) *keyState {
 	l.mu.Unlock()
 	ks.mu.Lock()
 	return ks
+}
+
+// minSweep is the fewest keys at which hold sweeps.
+const minSweep = 1024
+
+// sweep drops the states no caller uses whose cached record holds no
+// live lease, and the full queues no longer full. A key's state was
+// dropped only when this process wrote the record idle: one acquired here
+// and released by another scheduler (routine: any may dispatch, results
+// go to the partition's owner) stayed for good, and per-entity keys grew
+// the map without bound. The next sweep waits for twice as many keys.
+// Lock held.
+func (l *Limiter) sweep() {
+	now := l.cfg.Now()
+	for key, ks := range l.keys {
+		if ks.users == 0 && !ks.rec.liveAt(now) {
+			delete(l.keys, key)
+		}
+	}
+	for key, f := range l.full {
+		if !time.Now().Before(f.until) {
+			delete(l.full, key)
+		}
+	}
+	l.sweepAt = 2 * len(l.keys)
 }
 
 // letGo unlocks ks and drops it when no one else uses it and it caches
@@ -187,6 +218,17 @@ type record struct {
 	Limit   int     `json:"limit"`
 	Holders []entry `json:"holders,omitempty"`
 	Waiters []entry `json:"waiters,omitempty"`
+}
+
+// liveAt reports whether a holder's or a waiter's lease is still running
+// at now.
+func (r *record) liveAt(now time.Time) bool {
+	for _, e := range slices.Concat(r.Holders, r.Waiters) {
+		if !now.After(e.Until) {
+			return true
+		}
+	}
+	return false
 }
 
 // prune drops expired holders and waiters.
