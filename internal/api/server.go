@@ -88,7 +88,7 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	}
 	// Anything else under /api/ is a JSON 404, not the dashboard.
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, ops.Errorf(ops.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		refuse(w, r, ops.Errorf(ops.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	// A page on another site may send the browser's simple requests here
 	// (a POST with a text/plain body needs no preflight): refused, so that
@@ -97,10 +97,33 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	// Origin nor Sec-Fetch-Site and are not affected.
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, ops.Errorf(ops.CodeForbidden, "cross-origin %s refused: call the API from its own origin, or with a bearer token from a program", r.Method))
+		refuse(w, r, ops.Errorf(ops.CodeForbidden, "cross-origin %s refused: call the API from its own origin, or with a bearer token from a program", r.Method))
 	}))
-	s.handler = cop.Handler(s.mux)
+	s.handler = s.bounded(cop.Handler(s.mux))
 	return s, nil
+}
+
+// bounded gives every request's body until request_timeout and a margin to
+// arrive, whoever answers it (the dashboard's files, a 404, a refusal before
+// wrap): before it answers, net/http reads what is left of the body (up to
+// 256 KiB), and with no deadline a client that promised a body and never
+// sent it held the connection and its goroutine for good, with no token.
+// wrap moves the deadline for its routes (none for an event stream).
+func (s *Server) bounded(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// refuse answers a request refused before its body was read: the
+// connection is closed after the answer, so the server does not wait for
+// a body it will not use.
+func refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
+	writeError(w, err)
 }
 
 // Handler is the server's whole HTTP surface.
@@ -200,11 +223,17 @@ func (s *Server) wrap(rt route) http.Handler {
 		// goes away.
 		connCtx := r.Context()
 		if err := s.authorize(r, rt.Scope); err != nil {
-			writeError(w, err)
+			refuse(w, r, err)
 			return
 		}
 		if r.ContentLength > s.cfg.MaxBodyBytes {
-			writeError(w, ops.Errorf(ops.CodeTooLarge, "request body of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxBodyBytes))
+			refuse(w, r, ops.Errorf(ops.CodeTooLarge, "request body of %d bytes exceeds the limit of %d", r.ContentLength, s.cfg.MaxBodyBytes))
+			return
+		}
+		if rt.Stream && r.ContentLength != 0 {
+			// Its read deadline is lifted below: a body it promised
+			// and never sent would hold the connection for good.
+			refuse(w, r, ops.Errorf(ops.CodeInvalid, "%s takes no request body", rt.Path))
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
@@ -218,7 +247,12 @@ func (s *Server) wrap(rt route) http.Handler {
 			// timeout, not on the read's cancel of the connection's
 			// context.
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
-		} else if s.closing != nil {
+		} else {
+			// A read deadline would end the stream's context (net/http
+			// reads the connection to notice the client leaving).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+		}
+		if rt.Stream && s.closing != nil {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
 			stop := context.AfterFunc(s.closing, cancel)
