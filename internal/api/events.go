@@ -205,7 +205,7 @@ func (s *Server) storeFeed(ctx context.Context, ch chan<- sseEvent, want map[str
 	if err != nil {
 		return nil, err
 	}
-	return consume(ctx, cons, func(m jetstream.Msg) bool {
+	return consume(ctx, js, stream, cons, func(m jetstream.Msg) bool {
 		h := m.Headers()
 		if jobstore.Removed(h) {
 			// A delete, a purge, or the server's marker for a finished
@@ -250,7 +250,7 @@ func (s *Server) auditFeed(ctx context.Context, ch chan<- sseEvent, after uint64
 	if err != nil {
 		return nil, err
 	}
-	return consume(ctx, cons, func(m jetstream.Msg) bool {
+	return consume(ctx, js, protocol.StreamEvents, cons, func(m jetstream.Msg) bool {
 		var e protocol.Event
 		if json.Unmarshal(m.Data(), &e) != nil {
 			return true
@@ -340,16 +340,26 @@ func agentChange(draining map[string]bool, e watch.Event) (map[string]any, bool)
 	return ev, true
 }
 
-// consume starts pulling from cons now and returns the loop that hands
-// messages to f until ctx ends or f returns false.
-func consume(ctx context.Context, cons jetstream.Consumer, f func(jetstream.Msg) bool) (func() error, error) {
+// consume starts pulling from cons (of stream) now and returns the loop
+// that hands messages to f until ctx ends or f returns false.
+func consume(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer, f func(jetstream.Msg) bool) (func() error, error) {
 	it, err := cons.Messages()
 	if err != nil {
 		return nil, err
 	}
-	// Stops the iterator when the request ends, whether or not the loop
-	// ever runs.
-	context.AfterFunc(ctx, it.Stop)
+	// Stops the iterator and deletes the consumer when the request ends,
+	// whether or not the loop ever runs. Left, each stream's two
+	// consumers stayed on the server for their inactive threshold, and a
+	// client reconnecting (the dashboard does on every view change) piled
+	// them up past the cap on streams.
+	context.AfterFunc(ctx, func() {
+		it.Stop()
+		if ci := cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = js.DeleteConsumer(dctx, stream, ci.Name)
+			cancel()
+		}
+	})
 	return func() error {
 		for {
 			m, err := it.Next()
