@@ -387,7 +387,7 @@ func (s *Server) healingStatus(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func limitParam(r *http.Request, def int) (int, error) { return limitUpTo(r, def, 10000, "all") }
+func limitParam(r *http.Request, def int) (int, error) { return limitUpTo(r, def, 10000, "the most") }
 
 // limitUpTo reads ?limit= as 0 to most; 0 means zero (what the route
 // says it means: "all", "the most").

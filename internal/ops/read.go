@@ -115,10 +115,16 @@ func (o *Ops) Health(ctx context.Context) (HealthStatus, error) {
 }
 
 // Events returns the last limit stored events of a kind (healing,
-// failover, dead_lettered, ...), oldest first.
+// failover, dead_lettered, ...), oldest first; at most 10,000 (0: that
+// many).
 func (o *Ops) Events(ctx context.Context, kind protocol.EventKind, limit int) ([]protocol.Event, error) {
 	if !protocol.ValidToken(string(kind)) {
 		return nil, Errorf(CodeInvalid, "event kind %q: not a valid token", kind)
+	}
+	if limit <= 0 || limit > maxLimit {
+		// 0 read every event of the kind the stream holds (1 GiB, 7
+		// days), built in memory, while 10,001 was refused.
+		limit = maxLimit
 	}
 	evs, err := events.List(ctx, o.js, kind, limit)
 	if err != nil {
