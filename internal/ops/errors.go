@@ -160,7 +160,10 @@ func CodeOf(err error) Code {
 		errors.Is(err, client.ErrOutcomeUnknown):
 		return CodeTimeout
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrNoServers),
-		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		// A process that understood the request and could not carry it
+		// out now (protocol.CodeFailed: asking again later may work).
+		errors.Is(err, protocol.ErrFailed):
 		return CodeUnavailable
 	default:
 		return CodeInternal

@@ -50,6 +50,8 @@ func TestCodes(t *testing.T) {
 		{errors.New("boom"), ops.CodeInternal, 4, 500},
 		{fmt.Errorf("agent: %w", protocol.NewReplyError(protocol.CodeNotFound, "no step")), ops.CodeNotFound, 3, 404},
 		{protocol.NewReplyError(protocol.CodeInvalidRequest, "bad"), ops.CodeInvalid, 2, 400},
+		// "Asking again later may work" (a reviewer: it was 500 internal).
+		{fmt.Errorf("failover: %w", protocol.NewReplyError(protocol.CodeFailed, "task stream: timeout")), ops.CodeUnavailable, 4, 503},
 		{ops.Errorf(ops.CodeForbidden, "no"), ops.CodeForbidden, 4, 403},
 		{ops.Errorf(ops.CodeUnauthenticated, "no"), ops.CodeUnauthenticated, 4, 401},
 		{ops.Errorf(ops.CodeTooLarge, "no"), ops.CodeTooLarge, 2, 413},
