@@ -457,9 +457,7 @@ func (s *Server) showCluster(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) putCluster(create bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var d protocol.ClusterDefinition
-		dec := json.NewDecoder(r.Body)
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&d); err != nil {
+		if err := decodeStrict(r.Body, &d); err != nil {
 			if isTransport(err) {
 				return bodyError(err)
 			}
@@ -500,8 +498,12 @@ func (s *Server) clusterRequest(op string) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		req := protocol.ClusterRequest{Op: op}
 		if r.ContentLength != 0 {
-			var b struct{ From, To, Reason string }
-			if err := json.NewDecoder(r.Body).Decode(&b); err != nil && !errors.Is(err, io.EOF) {
+			var b struct {
+				From   string `json:"from"`
+				To     string `json:"to"`
+				Reason string `json:"reason"`
+			}
+			if err := decodeStrict(r.Body, &b); err != nil && !errors.Is(err, io.EOF) {
 				if isTransport(err) {
 					return bodyError(err)
 				}
@@ -516,4 +518,23 @@ func (s *Server) clusterRequest(op string) handler {
 		writeJSON(w, http.StatusAccepted, map[string]string{"cluster": r.PathValue("name"), "op": op, "request_id": id})
 		return nil
 	}
+}
+
+// decodeStrict decodes the one JSON value of body into v: an unknown
+// field or anything after the value is an error (job specs are read so
+// too). A typo ("form" for "from") asked for a failover from no member,
+// as if none had been named. io.EOF for an empty body.
+func decodeStrict(body io.Reader, v any) error {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if err != nil && isTransport(err) {
+			return err
+		}
+		return errors.New("data after the JSON value")
+	}
+	return nil
 }
