@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -88,6 +89,17 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 	}
 	// Anything else under /api/ is a JSON 404, not the dashboard.
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := s.allowed(r); len(allow) > 0 {
+			// A known path asked with another method: this catch-all
+			// matched it first, so the mux's own 405 never came.
+			if r.ContentLength != 0 {
+				w.Header().Set("Connection", "close")
+			}
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeJSON(w, http.StatusMethodNotAllowed, ErrorBody{Error: ErrorDetail{Code: ops.CodeInvalid, Status: http.StatusMethodNotAllowed,
+				Message: fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))}})
+			return
+		}
 		refuse(w, r, ops.Errorf(ops.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	// A page on another site may send the browser's simple requests here
@@ -114,6 +126,23 @@ func (s *Server) bounded(next http.Handler) http.Handler {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
 		next.ServeHTTP(w, r)
 	})
+}
+
+// allowed returns the methods the API serves r's path with, when r's is
+// not one of them.
+func (s *Server) allowed(r *http.Request) []string {
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch} {
+		if m == r.Method {
+			continue
+		}
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/api/" && pattern != "/" {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // refuse answers a request refused before its body was read: the
