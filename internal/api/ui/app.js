@@ -80,11 +80,17 @@ function bar(frac) {
 
 // ---- views -----------------------------------------------------------
 
+// jobStates are the job states, in lifecycle order (internal/jobstore).
+const jobStates = ["pending", "running", "succeeded", "failed", "cancelled", "expired",
+  "compensating", "compensated", "compensation_failed"];
+
 async function overview() {
   const [ov, failovers, healing] = await Promise.all([
     api("GET", "/overview"), api("GET", "/failovers?limit=5"), api("GET", "/healing/actions?limit=5")]);
   const card = (n, l, id) => h("div", {class: "card", id}, h("div", {class: "n"}, n), h("div", {class: "l"}, l));
-  const states = ["pending", "running", "succeeded", "failed", "cancelled"];
+  // Every job state (internal/jobstore JobStates): the cards add up to
+  // jobs_total.
+  const states = jobStates;
   return [
     h("h2", {}, "Overview"),
     h("div", {class: "cards"},
@@ -115,7 +121,7 @@ async function jobs() {
   if (jobsFilter.cursor) q.set("cursor", jobsFilter.cursor);
   const page = await api("GET", "/jobs?" + q);
   const sel = h("select", {id: "job-state", onchange: (e) => { jobsFilter = {state: e.target.value, cursor: "", stack: []}; render(); }},
-    ["", "pending", "running", "succeeded", "failed", "cancelled"].map((s) =>
+    ["", ...jobStates].map((s) =>
       h("option", {value: s, selected: s === jobsFilter.state}, s || "all states")));
   const rows = page.jobs.map((j) => h("tr", {class: "click", dataset: {job: j.id}, onclick: () => go("#/jobs/" + j.id)},
     h("td", {class: "mono"}, j.id), h("td", {}, j.name), h("td", {}, state(j.state)),
