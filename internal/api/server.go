@@ -209,6 +209,10 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 	return nil
 }
 
+// errShuttingDown is the cause of a request's context cut by the end of
+// the shutdown's grace.
+var errShuttingDown = errors.New("the API is shutting down")
+
 // shutdownGrace is how long Run's shutdown lets requests in progress
 // finish; it closes their connections then. answerMargin is what a request
 // that waits into the grace (submitted) leaves of it to answer.
@@ -276,6 +280,20 @@ func (s *Server) wrap(rt route) http.Handler {
 			// timeout, not on the read's cancel of the connection's
 			// context.
 			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
+			if s.closing != nil {
+				// A request still running when the shutdown's grace is
+				// about to end is cut in time to be answered: closed
+				// with the connection, a failover that went through
+				// looked like no answer, and a client asked again.
+				cctx, cut := context.WithCancelCause(r.Context())
+				defer cut(nil)
+				stop := context.AfterFunc(s.closing, func() {
+					t := time.AfterFunc(shutdownGrace-answerMargin, func() { cut(errShuttingDown) })
+					context.AfterFunc(cctx, func() { t.Stop() })
+				})
+				defer stop()
+				r = r.WithContext(cctx)
+			}
 		} else {
 			// A read deadline would end the stream's context (net/http
 			// reads the connection to notice the client leaving).
@@ -289,6 +307,11 @@ func (s *Server) wrap(rt route) http.Handler {
 			r = r.WithContext(ctx)
 		}
 		if err := rt.h(w, r); err != nil {
+			if errors.Is(context.Cause(r.Context()), errShuttingDown) {
+				writeError(w, &ops.Error{Code: ops.CodeTimeout, Err: err,
+					Msg: "the API is shutting down and cut this request: it may have been carried out; look before asking again"})
+				return
+			}
 			if errors.Is(err, context.Canceled) && connCtx.Err() != nil {
 				// The client went away (or its connection's read deadline
 				// passed): not the API failing, nothing to log. The
