@@ -51,6 +51,11 @@ func (a *Agent) control(body []byte) error {
 	}
 	switch c.Op {
 	case protocol.ControlCancel:
+		if !protocol.ValidToken(c.JobID) || !protocol.ValidToken(c.StepID) || c.Epoch == 0 {
+			// Kept, such an order would take one of the kept cancels'
+			// places (1,024) and match no task.
+			return protocol.NewReplyError(protocol.CodeInvalidRequest, "a cancel order names a job, a step and an epoch (got %q, %q, %d)", c.JobID, c.StepID, c.Epoch)
+		}
 		key := protocol.TaskMsgID(c.JobID, c.StepID, c.Epoch)
 		v, ok := a.running.Load(key)
 		if !ok {

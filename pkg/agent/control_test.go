@@ -280,3 +280,29 @@ func TestControlAnsweredOnlyOnAnInbox(t *testing.T) {
 		return err == nil && p.Draining
 	})
 }
+
+// A cancel order that names no task (no job, step or epoch) is refused.
+// It was kept as an early cancel under the key "..0", taking one of the
+// 1,024 places of kept cancels and matching no task: a burst of them
+// pushed the genuine ones out. (Found by a reviewer.)
+//
+// Old code: "cancel {Op:cancel JobID: StepID: Epoch:0 …} answered
+// not_found: step . at epoch 0 is not running here, want invalid_request".
+func TestCancelNamingNoTaskIsRefused(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig("a1")
+	b := setup(t, cfg, nil)
+	for _, c := range []protocol.Control{
+		{Op: protocol.ControlCancel},
+		{Op: protocol.ControlCancel, JobID: "j", StepID: "s"},
+		{Op: protocol.ControlCancel, JobID: "j.x", StepID: "s", Epoch: 1},
+	} {
+		r := b.control(t, c)
+		if r.OK || r.Error == nil || r.Error.Code != protocol.CodeInvalidRequest {
+			t.Errorf("cancel %+v answered %+v, want invalid_request", c, r.Error)
+		}
+	}
+	if r := b.control(t, protocol.Control{Op: protocol.ControlCancel, JobID: "j", StepID: "s", Epoch: 1}); r.Error == nil || r.Error.Code != protocol.CodeNotFound {
+		t.Errorf("cancel of a task not here answered %+v, want not_found", r.Error)
+	}
+}
