@@ -2,6 +2,7 @@ package spec_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/wardenhq/warden/pkg/spec"
@@ -68,5 +69,29 @@ func TestCompensationInAnotherPoolTakesNoneOfTheStepsRequirements(t *testing.T) 
 		if len(c.Requires) != len(want[i]) || (len(want[i]) > 0 && c.Requires[0] != want[i][0]) {
 			t.Errorf("undo of %s (pool %q) requires %q, want %q", s.ID, c.Pool, c.Requires, want[i])
 		}
+	}
+}
+
+// A bare JSON number in a duration is nanoseconds: "timeout": 60 was a
+// 60 ns timeout (the job timed out at once and compensated), while the
+// same spec in YAML is refused. Spec durations under 1 ms are refused.
+//
+// Old code: "accepted {…"timeout":60…}".
+func TestSubMillisecondSpecDurationsAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"name":"x","timeout":60,"steps":[{"id":"a","action":"echo"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","timeout":30}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","retry":{"base_backoff":1}}]}`,
+		`{"name":"x","delay":5,"steps":[{"id":"a","action":"echo"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","compensate":{"action":"undo","timeout":10}}]}`,
+	} {
+		_, err := spec.Parse([]byte(in), spec.Limits{})
+		if !errors.Is(err, spec.ErrInvalid) || !strings.Contains(err.Error(), "nanoseconds") {
+			t.Errorf("accepted %s (%v)", in, err)
+		}
+	}
+	if _, err := spec.Parse([]byte(`{"name":"x","timeout":"60s","steps":[{"id":"a","action":"echo","timeout":"1ms"}]}`), spec.Limits{}); err != nil {
+		t.Errorf("durations of 60s and 1ms refused: %v", err)
 	}
 }

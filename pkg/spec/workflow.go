@@ -101,6 +101,11 @@ func validDuration(field string, d protocol.Duration) error {
 	if d.Std() > maxDelay {
 		return invalid(ReasonInvalidValue, field, "at most %s, got %s", maxDelay, d)
 	}
+	if d > 0 && d.Std() < time.Millisecond {
+		// A JSON number is read as nanoseconds ("timeout": 60 was 60ns:
+		// the job timed out at once and compensated); YAML refuses one.
+		return invalid(ReasonInvalidValue, field, "at least 1ms, got %s (a JSON number is nanoseconds: write a duration such as \"60s\")", d)
+	}
 	return nil
 }
 
