@@ -95,3 +95,32 @@ func TestSubMillisecondSpecDurationsAreRefused(t *testing.T) {
 		t.Errorf("durations of 60s and 1ms refused: %v", err)
 	}
 }
+
+// A JSON spec that names a key twice, or spells a field in another case,
+// ran what its last spelling said (encoding/json matches field names
+// case-insensitively and keeps the last duplicate), while anything that
+// read the raw JSON saw the first; YAML refuses both. (Found by a
+// reviewer.)
+//
+// Old code: "accepted {…"action":"echo","Action":"shell"…}" (3 cases).
+func TestJSONSpecKeysAreExact(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"name":"x","steps":[{"id":"a","action":"echo","Action":"shell"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","action":"shell"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo"}],"STEPS":[{"id":"a","action":"shell"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","params":{"cmd":"ls","cmd":"rm"}}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","compensate":{"action":"undo","ACTION":"shell"}}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","\u0061ction":"shell"}]}`,
+	} {
+		if _, err := spec.Parse([]byte(in), spec.Limits{}); !errors.Is(err, spec.ErrInvalid) {
+			t.Errorf("accepted %s (%v)", in, err)
+		}
+	}
+	// Params are the action's: any case, nested, once each.
+	ok := `{"name":"x","steps":[{"id":"a","action":"echo","params":{"Env":{"PATH_X":"1","path_x":"2"},"List":[{"A":1},{"A":2}],"s":"a,\"b\":{"}},
+		{"id":"b","action":"echo","depends_on":["a"],"compensate":{"action":"undo","params":{"Mode":"x"}}}]}`
+	if _, err := spec.Parse([]byte(ok), spec.Limits{}); err != nil {
+		t.Errorf("params with keys in any case refused: %v", err)
+	}
+}

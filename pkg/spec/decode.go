@@ -67,6 +67,9 @@ func Parse(b []byte, l Limits) (*Job, error) {
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return nil, invalid(ReasonMalformed, "", "trailing data after the JSON object")
 		}
+		if err := checkKeys(trimmed); err != nil {
+			return nil, err
+		}
 		// JSON params are JSON values already: no normalising.
 	} else {
 		if err := decodeYAML(trimmed, l, &j); err != nil {
