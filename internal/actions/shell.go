@@ -120,8 +120,11 @@ type ExitError struct {
 	Class string
 }
 
+// Error does not name the command (the step's params do): an unmapped
+// exit is classified by the scheduler from this text, and a command
+// named timeout, or a path holding "expired", retried every exit.
 func (e *ExitError) Error() string {
-	return fmt.Sprintf("shell: %s exited with code %d", e.Command, e.Code)
+	return fmt.Sprintf("shell: the command exited with code %d", e.Code)
 }
 
 // ErrorClass is read by pkg/agent: "retriable", "permanent" or "" (let the

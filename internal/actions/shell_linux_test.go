@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/internal/actions"
+	"github.com/wardenhq/warden/internal/retry"
 )
 
 // waitPIDFile waits for the pid a script wrote to dir/pid and kills that
@@ -162,5 +163,26 @@ func TestShellEndsWhatTheCommandLeftInItsGroup(t *testing.T) {
 			}
 			waitGone(t, pid, "its step ended")
 		})
+	}
+}
+
+// An unmapped exit is classified by the scheduler from the error's text,
+// which named the command: coreutils timeout (or a path holding
+// "expired") made every exit retriable. The text no longer names it.
+// (Found by a reviewer.)
+//
+// Old code: "shell: timeout exited with code 1: classified timeout,
+// retriable".
+func TestShellExitTextDoesNotClassifyByTheCommand(t *testing.T) {
+	t.Parallel()
+	cfg := actions.ShellConfig{AllowedCommands: []string{"timeout"}}
+	params, _ := json.Marshal(actions.ShellParams{Command: "timeout", Args: []string{"5", "false"}})
+	_, err := actions.Shell(cfg)(context.Background(), params)
+	var ee *actions.ExitError
+	if !errors.As(err, &ee) || ee.Code != 1 {
+		t.Fatalf("timeout 5 false: %v, want exit 1", err)
+	}
+	if d := retry.Classify(ee.ErrorClass(), err.Error(), 0, retry.DefaultClassification()); d.Retriable {
+		t.Fatalf("%s: classified %s, retriable", err, d.Class)
 	}
 }

@@ -71,14 +71,26 @@ var retriableRules = []Rule{
 	{Match: "heartbeat stale", Class: "stale_heartbeat", Retriable: true},
 	{Match: "lease lost", Class: "lease_lost", Retriable: true},
 	{Match: "lease expired", Class: "lease_lost", Retriable: true},
-	{Match: "expired", Class: "expired", Retriable: true}, // a task's queue ttl
+	// A task's queue ttl: the agent's "expired: not started by …". Not
+	// any "expired" (a session token's, a password's: an operator renews
+	// those).
+	{Match: "expired:", Class: "expired", Retriable: true},
+	{Match: "expired in queue", Class: "expired", Retriable: true},
 	{Match: "timeout", Class: "timeout", Retriable: true},
 	{Match: "timed out", Class: "timeout", Retriable: true},
 	{Match: "deadline exceeded", Class: "timeout", Retriable: true},
 	{Match: "connection refused", Class: "connection", Retriable: true},
 	{Match: "connection reset", Class: "connection", Retriable: true},
 	{Match: "broken pipe", Class: "connection", Retriable: true},
+	{Match: "no route to host", Class: "connection", Retriable: true},
+	{Match: "network is unreachable", Class: "connection", Retriable: true},
+	// The peer closed the connection mid-request (Go's http client:
+	// `Get "…": EOF`, "unexpected EOF" reading a body); not the "eof"
+	// inside a word (geofence).
+	{Match: ": eof", Class: "connection", Retriable: true},
+	{Match: "unexpected eof", Class: "connection", Retriable: true},
 	{Match: "unavailable", Class: "unavailable", Retriable: true},
+	{Match: "status 500", Class: "unavailable", Retriable: true},
 	{Match: "status 502", Class: "unavailable", Retriable: true},
 	{Match: "status 503", Class: "unavailable", Retriable: true},
 	{Match: "status 504", Class: "timeout", Retriable: true},
@@ -101,13 +113,16 @@ func BuiltinRules() []Rule {
 // addressText matches the parts of an error text that name where a request
 // went rather than what went wrong: URLs with a scheme (Go's url.Error
 // quotes them: Post "https://x/api/validation": ...; up to a space or a
-// quote, so a bracketed IPv6 host stays inside), network addresses with a
+// quote, so a bracketed IPv6 host stays inside, and not a colon that ends
+// them: "GET https://x/v1: EOF" keeps its ": eof"), network addresses with a
 // port whose host is dotted or bracketed (dial tcp invalid.example.com:443,
-// [::1]:5432), and the name in a resolver's "lookup <host>". Written in
-// lower case: it runs on the lowered text.
+// [::1]:5432), and the name in a resolver's "lookup <host>: …" or
+// "lookup <host> on <server>" (not the word after any "lookup": "service
+// lookup timed out" lost its "timed"). Written in lower case: it runs on
+// the lowered text.
 var addressText = regexp.MustCompile(
-	`[a-z][a-z0-9+.-]*://[^\s"'<>` + "`" + `]*` +
-		`|\blookup\s+[^\s:]+` +
+	`[a-z][a-z0-9+.-]*://[^\s"'<>` + "`" + `]*[^\s"'<>:` + "`" + `]` +
+		`|\blookup\s+[^\s:]+(?::|\s+on\b)` +
 		`|(?:\[[0-9a-f:.%a-z]*\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)+):[0-9]+\b`)
 
 // withoutAddresses blanks the URLs and addresses in a lowered error text,

@@ -121,6 +121,19 @@ func TestClassify(t *testing.T) {
 		{name: "permanent beats retriable", msg: "invalid parameter: timeout must be positive", retriable: false, wantClass: "invalid_params"},
 		{name: "unknown action", msg: "unknown action \"x\" (this agent allows: echo)", retriable: false, wantClass: "unknown_action"},
 		{name: "unclassified", msg: "shell: make exited with code 2", retriable: false, wantClass: "unclassified"},
+		// A reviewer's cases. Old code: retried every "expired" (an
+		// operator renews a token or a password), and did not retry
+		// these transient failures; "lookup" ate the word after it.
+		{name: "expired token", msg: "ExpiredToken: The security token included in the request is expired", retriable: false, wantClass: "unclassified"},
+		{name: "expired password", msg: "password expired", retriable: false, wantClass: "unclassified"},
+		{name: "agent's queue expiry", msg: "expired: not started by 2026-11-28T10:00:00Z", retriable: true, wantClass: "expired"},
+		{name: "http eof", msg: `http: GET https://api.example.com/v1: EOF`, retriable: true, wantClass: "connection"},
+		{name: "body eof", msg: "http: read body: unexpected EOF", retriable: true, wantClass: "connection"},
+		{name: "no route", msg: "dial tcp 10.0.0.7:443: connect: no route to host", retriable: true, wantClass: "connection"},
+		{name: "unreachable", msg: "dial tcp 10.0.0.7:443: connect: network is unreachable", retriable: true, wantClass: "connection"},
+		{name: "http 500", msg: "http: GET https://x/: status 500, expected 200", retriable: true, wantClass: "unavailable"},
+		{name: "lookup as a word", msg: "service lookup timed out", retriable: true, wantClass: "timeout"},
+		{name: "geofence is no eof", msg: "geofence rejected", retriable: false, wantClass: "unclassified"},
 		{name: "empty", msg: "", retriable: false, wantClass: "unclassified"},
 	}
 	for _, c := range cases {
