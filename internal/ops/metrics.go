@@ -420,10 +420,17 @@ func (jf *jobsFeed) run(ctx context.Context) error {
 			_, waiting := created[job]
 			_, done := dispatched[job]
 			if c, err := time.Parse(time.RFC3339Nano, h.Get(protocol.HeaderRecordCreated)); err == nil && !waiting && !done {
+				// Only the write that accepted the job starts its wait:
+				// one made before the feed started, or a later write of
+				// an older job (a job reopened by a retry, a record
+				// rewritten after the feed's start), observed the job's
+				// whole age (an hour) as a queue latency.
+				accepting := mdErr == nil && !c.Before(jf.started) && md.Timestamp.Sub(c) < acceptWindow
 				switch {
+				case !accepting:
 				case !locked:
 					created[job] = c
-				case mdErr == nil && !c.Before(jf.started):
+				default:
 					observe(job, c, md) // dispatched in the turn that accepted it
 				}
 				return
@@ -436,6 +443,10 @@ func (jf *jobsFeed) run(ctx context.Context) error {
 		observe(job, c, md)
 	})
 }
+
+// acceptWindow bounds how long after a job's creation the write of its
+// record that accepts it lands: later writes are not acceptances.
+const acceptWindow = time.Minute
 
 func each(ctx context.Context, cons jetstream.Consumer, f func(jetstream.Msg)) error {
 	it, err := cons.Messages()
