@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -37,31 +38,34 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		}
 	}
 	// Fair share: a job of several steps may hold at most a share of the
-	// slots of a pool's agents for an action, so that a fan-out never takes
-	// every slot and a small job submitted beside it starts at once.
+	// slots of the agents that can run a step (its pool's agents offering
+	// its action, with every capability it requires), so that a fan-out
+	// never takes every slot and a small job submitted beside it starts at
+	// once. Counted over every agent of the action, a fan-out of gpu steps
+	// in a pool of 2 gpu and 2 cpu agents took both gpu slots.
 	var (
-		held      map[string]int
-		saturated []poolAction // at the job's share this turn
+		held   map[shareKey]int
+		limits map[shareKey]int // this turn's, once a key is saturated: 0
 	)
 	shareOf := func(st *jobstore.Step) bool {
 		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
 			return true
 		}
-		if slices.Contains(saturated, poolAction{st.Pool, st.Action}) {
-			return false
-		}
+		k := shareKeyOf(st)
 		if held == nil {
-			held = map[string]int{}
+			held, limits = map[shareKey]int{}, map[shareKey]int{}
 			for _, o := range js.steps {
 				if o.State == jobstore.StepDispatched {
-					held[o.Pool+"\x00"+o.Action]++
+					held[shareKeyOf(o)]++
 				}
 			}
 		}
-		k := st.Pool + "\x00" + st.Action
-		limit := max(1, int(float64(w.s.selector.Capacity(st.Pool, st.Action))*w.s.cfg.MaxJobShare))
+		limit, ok := limits[k]
+		if !ok {
+			limit = max(1, int(float64(w.s.selector.CapacityFor(st.Pool, st.Action, st.Requires))*w.s.cfg.MaxJobShare))
+			limits[k] = limit
+		}
 		if held[k] >= limit {
-			saturated = append(saturated, poolAction{st.Pool, st.Action})
 			return false
 		}
 		held[k]++
@@ -284,8 +288,13 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 	js.blockedWait, js.blockedAgent = 0, false
 }
 
-// poolAction keys the job's share of a pool's slots for an action.
-type poolAction struct{ pool, action string }
+// shareKey keys the job's share of the slots of the agents that can run
+// a step: its pool, action and required capabilities.
+type shareKey struct{ pool, action, requires string }
+
+func shareKeyOf(st *jobstore.Step) shareKey {
+	return shareKey{st.Pool, st.Action, strings.Join(st.Requires, "\x00")}
+}
 
 // forgetArrived forgets the steps a submission registered on arrival
 // (priority.go) that do not wait to be dispatched: its job existed, and

@@ -321,6 +321,37 @@ func (s *Selector) Capacity(pool, action string) int {
 	return st.capacity
 }
 
+// CapacityFor is Capacity counting only the agents that have every
+// capability in requires (as a Request carries them): the slots a step
+// that requires them can use. It is answered from the query's view, made
+// if need be (one walk of the smallest set, then kept up to date).
+func (s *Selector) CapacityFor(pool, action string, requires []string) int {
+	if len(requires) == 0 {
+		return s.Capacity(pool, action)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	src := s.sets[setKey{kind: kindAction, pool: pool, name: action}]
+	if src == nil {
+		return 0
+	}
+	for _, c := range requires {
+		cs := s.sets[setKey{kind: kindCapability, pool: pool, name: c}]
+		if cs == nil {
+			return 0 // no agent of the pool has c
+		}
+		if len(cs.all) < len(src.all) {
+			src = cs
+		}
+	}
+	req := Request{Pool: pool, Action: action, Requires: requires}
+	v := s.viewOf(req, nil)
+	if v == nil {
+		v = s.buildView(req, nil, src)
+	}
+	return v.capacity
+}
+
 // pruneDeparted forgets departures older than offlineMemory, at most once
 // an hour: each pool and action an agent ever left stayed for good, which
 // ephemeral pools (one per branch or run) grew without bound. Callers
