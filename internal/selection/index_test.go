@@ -308,3 +308,33 @@ func TestStartGrace(t *testing.T) {
 		t.Fatalf("an action never offered, past the grace: %v", err)
 	}
 }
+
+// Under a backlog the scheduler places a step on the agent Peek named
+// (Choose with Request.Agent set). For round_robin that must still move
+// the kind of step's turn: it stood still, and every step went to the
+// same agent until it was full. (Found by a reviewer.)
+//
+// Old code: "round_robin under a backlog placed 3 steps on [a a a], want
+// [a b c]".
+func TestRoundRobinTurnMovesWhenPlacedOnThePeekedAgent(t *testing.T) {
+	t.Parallel()
+	s := newSelector(t, func(c *selection.Config) { c.Strategy = selection.StrategyRoundRobin })
+	for _, id := range []string{"a", "b", "c"} {
+		s.Observe(protocol.Presence{ID: id, Pool: "p", Actions: []string{"x"}, MaxConcurrent: 10, HeartbeatAt: t0})
+	}
+	var got []string
+	for range 3 {
+		p, err := s.Peek(selection.Request{Pool: "p", Action: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.Choose(selection.Request{Pool: "p", Action: "x", Agent: p.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, c.ID)
+	}
+	if !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("round_robin under a backlog placed 3 steps on %v, want [a b c]", got)
+	}
+}

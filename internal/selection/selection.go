@@ -267,6 +267,13 @@ func (s *Selector) choose(req Request, commit bool) (protocol.Presence, error) {
 	if commit {
 		e.c.assigned++
 		s.refresh(e)
+		if req.Agent != "" && s.cfg.strategyOf(req.Pool) == StrategyRoundRobin {
+			// A step placed on the agent a Peek named (higher work waits
+			// in the pool), or pinned there, took that agent's turn: the
+			// turn stood still, and a round_robin pool under a backlog
+			// filled one agent at a time.
+			s.moveTurn(turnOf(req), e.p.ID)
+		}
 	}
 	return e.p, nil
 }
