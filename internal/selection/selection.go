@@ -56,15 +56,15 @@ type Selector struct {
 	prunedAt time.Time // departed's last pruning (pruneDeparted)
 	// started is when the selector began; for Config.StartGrace after
 	// it, an action no agent offers waits (see decide).
-	started  time.Time
-	now      func() time.Time
-	health   map[agentKey]health.Assessment
-	turns    map[turnKey]turn   // round robin, per kind of step (turn.go)
-	buf      []candidate        // reused by the exact evaluation
-	duel     [2]candidate       // best so far and contender (consider)
-	views    map[string][]*view // query views by pool (view.go)
-	nviews   int
-	tick     uint64 // orders the views' uses and the turns' moves, for eviction
+	started time.Time
+	now     func() time.Time
+	health  map[agentKey]health.Assessment
+	turns   map[turnKey]turn   // round robin, per kind of step (turn.go)
+	buf     []candidate        // reused by the exact evaluation
+	duel    [2]candidate       // best so far and contender (consider)
+	views   map[string][]*view // query views by pool (view.go)
+	nviews  int
+	tick    uint64 // orders the views' uses and the turns' moves, for eviction
 }
 
 // agentKey is an agent's presence key as a struct: map lookups on it do not
