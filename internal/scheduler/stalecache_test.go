@@ -275,7 +275,7 @@ func TestUndoIsNotCreatedWhenItsCompensationDidNotStart(t *testing.T) {
 func TestJobEndingAtItsCreationEndsAfterItsSteps(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.startScheduler(t, scheduler.Config{})
+	b.startScheduler(t, noStartGrace(scheduler.Config{})) // "nope" fails at once
 	startMute(t, b, "mute-1")
 	agentSeen(t, b)
 	ctx := context.Background()
