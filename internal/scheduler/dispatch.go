@@ -51,24 +51,38 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
 			return true
 		}
-		k := shareKeyOf(st)
+		// Two shares bound it: of the agents offering the action (any
+		// capabilities), and of those with the step's capabilities.
+		keys := [2]shareKey{{pool: st.Pool, action: st.Action}, shareKeyOf(st)}
 		if held == nil {
 			held, limits = map[shareKey]int{}, map[shareKey]int{}
 			for _, o := range js.steps {
 				if o.State == jobstore.StepDispatched {
-					held[shareKeyOf(o)]++
+					held[shareKey{pool: o.Pool, action: o.Action}]++
+					if k := shareKeyOf(o); k.requires != "" {
+						held[k]++
+					}
 				}
 			}
 		}
-		limit, ok := limits[k]
-		if !ok {
-			limit = max(1, int(float64(w.s.selector.CapacityFor(st.Pool, st.Action, st.Requires))*w.s.cfg.MaxJobShare))
-			limits[k] = limit
+		check := keys[:1] // no capabilities: one share
+		if keys[1].requires != "" {
+			check = keys[:]
 		}
-		if held[k] >= limit {
-			return false
+		for _, k := range check {
+			limit, ok := limits[k]
+			if !ok {
+				limit = max(1, int(float64(w.s.selector.CapacityFor(k.pool, k.action, k.capabilities()))*w.s.cfg.MaxJobShare))
+				limits[k] = limit
+			}
+			if held[k] >= limit {
+				return false
+			}
 		}
-		held[k]++
+		held[keys[0]]++
+		if keys[1].requires != "" {
+			held[keys[1]]++
+		}
 		return true
 	}
 	// A turn tries at most sliceDispatch steps. Steps it puts back without
@@ -289,11 +303,24 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 }
 
 // shareKey keys the job's share of the slots of the agents that can run
-// a step: its pool, action and required capabilities.
+// a step: its pool, action and required capabilities (sorted, each once,
+// joined by NUL: ["gpu","fast"] and ["fast","gpu"] are one share).
 type shareKey struct{ pool, action, requires string }
 
 func shareKeyOf(st *jobstore.Step) shareKey {
-	return shareKey{st.Pool, st.Action, strings.Join(st.Requires, "\x00")}
+	req := st.Requires
+	if len(req) > 1 {
+		req = slices.Compact(slices.Sorted(slices.Values(req)))
+	}
+	return shareKey{st.Pool, st.Action, strings.Join(req, "\x00")}
+}
+
+// capabilities are the key's required capabilities; nil for none.
+func (k shareKey) capabilities() []string {
+	if k.requires == "" {
+		return nil
+	}
+	return strings.Split(k.requires, "\x00")
 }
 
 // forgetArrived forgets the steps a submission registered on arrival

@@ -64,3 +64,59 @@ func TestFairShareCountsOnlyAgentsWithTheCapabilities(t *testing.T) {
 		t.Fatalf("job-fan holds %d of the 2 gpu slots, want 1 (its share, 0.5)", n)
 	}
 }
+
+// Both shares hold: a job mixing steps that require gpu with steps that
+// require nothing holds at most its share of all the action's slots, and
+// capabilities listed in another order are the same share. (A review of
+// the fix above: 3 of 4 slots, and 2 of the 2 gpu slots.)
+func TestFairShareHoldsForMixedAndReorderedRequirements(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startScheduler(t, scheduler.Config{})
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	for _, a := range []struct {
+		id   string
+		caps []string
+	}{{"g1", []string{"gpu", "fast"}}, {"g2", []string{"gpu", "fast"}}, {"c1", nil}, {"c2", nil}} {
+		ag := agenttest.StartAgent(t, b.nc, agent.Config{ID: a.id, Pool: "default", Capabilities: a.caps, MaxConcurrent: 1})
+		ag.Script(func(ctx context.Context, _ *agent.Task) (any, error) {
+			select {
+			case <-block:
+			case <-ctx.Done():
+			}
+			return nil, nil
+		})
+	}
+	steps := []string{"a", "b", "c", "d", "e"}
+	b.submitNoReply(t, []byte(`{"name":"mix","steps":[
+ {"id":"a","action":"echo","requires":["gpu","fast"],"timeout":"60s"},
+ {"id":"b","action":"echo","requires":["fast","gpu"],"timeout":"60s"},
+ {"id":"c","action":"echo","timeout":"60s"},
+ {"id":"d","action":"echo","timeout":"60s"},
+ {"id":"e","action":"echo","timeout":"60s"}]}`), "job-mix")
+	count := func() (all, gpu int) {
+		for _, id := range steps {
+			st, _, err := b.store.Step(context.Background(), "job-mix", id)
+			if err == nil && st.State == jobstore.StepDispatched {
+				all++
+				if len(st.Requires) > 0 {
+					gpu++
+				}
+			}
+		}
+		return all, gpu
+	}
+	natstest.Eventually(t, 10*time.Second, "job-mix at its share of the 4 slots", func() bool {
+		all, _ := count()
+		return all == 2
+	})
+	b.submitNoReply(t, []byte(`{"name":"small","steps":[{"id":"s","action":"echo","timeout":"60s"}]}`), "job-small")
+	natstest.Eventually(t, 10*time.Second, "job-small started beside job-mix", func() bool {
+		st, _, err := b.store.Step(context.Background(), "job-small", "s")
+		return err == nil && st.State == jobstore.StepDispatched
+	})
+	if all, gpu := count(); all > 2 || gpu > 1 {
+		t.Fatalf("job-mix holds %d of 4 slots (%d of the 2 gpu ones), want at most 2 (1)", all, gpu)
+	}
+}

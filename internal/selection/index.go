@@ -322,9 +322,12 @@ func (s *Selector) Capacity(pool, action string) int {
 }
 
 // CapacityFor is Capacity counting only the agents that have every
-// capability in requires (as a Request carries them): the slots a step
-// that requires them can use. It is answered from the query's view, made
-// if need be (one walk of the smallest set, then kept up to date).
+// capability in requires: the slots a step that requires them can use.
+// The smallest set every such agent is in is walked when it is small
+// (exactLimit); a larger one is answered from the query's view, made if
+// need be (one walk, then kept up to date), as a decision for the step
+// would make it: views are few (maxViews), and one made for small sets
+// here would push out the ones decisions rely on.
 func (s *Selector) CapacityFor(pool, action string, requires []string) int {
 	if len(requires) == 0 {
 		return s.Capacity(pool, action)
@@ -346,6 +349,15 @@ func (s *Selector) CapacityFor(pool, action string, requires []string) int {
 	}
 	req := Request{Pool: pool, Action: action, Requires: requires}
 	v := s.viewOf(req, nil)
+	if v == nil && len(src.all) <= exactLimit {
+		n := 0
+		for _, e := range src.all {
+			if e.eligible && e.offers(action) && hasAll(e.p.Capabilities, requires) {
+				n += e.slots
+			}
+		}
+		return n
+	}
 	if v == nil {
 		v = s.buildView(req, nil, src)
 	}

@@ -112,6 +112,9 @@ func TestJSONSpecKeysAreExact(t *testing.T) {
 		`{"name":"x","steps":[{"id":"a","action":"echo","params":{"cmd":"ls","cmd":"rm"}}]}`,
 		`{"name":"x","steps":[{"id":"a","action":"echo","compensate":{"action":"undo","ACTION":"shell"}}]}`,
 		`{"name":"x","steps":[{"id":"a","action":"echo","\u0061ction":"shell"}]}`,
+		// Unicode case folding (a review of the check): long s, Kelvin sign.
+		`{"name":"x","steps":[{"id":"a","action":"echo"}],"ſteps":[{"id":"a","action":"shell"}]}`,
+		`{"name":"x","steps":[{"id":"a","action":"echo","concurrency":{"key":"k1","limit":1,"Key":"k2"}}]}`,
 	} {
 		if _, err := spec.Parse([]byte(in), spec.Limits{}); !errors.Is(err, spec.ErrInvalid) {
 			t.Errorf("accepted %s (%v)", in, err)

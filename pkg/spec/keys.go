@@ -7,7 +7,7 @@ import (
 
 // checkKeys refuses a JSON spec (b, already decoded: well-formed) that
 // names a key twice in one object, anywhere, or, outside the values of
-// params, spells a field other than in lower case. encoding/json matches
+// params, spells a field other than in lower case ASCII (fieldName). encoding/json matches
 // field names case-insensitively and keeps the last of duplicates, so
 // {"action": "echo", "Action": "shell"} ran shell while anything that read
 // the raw JSON (an admission policy, jq, a reviewer) saw echo; YAML
@@ -64,7 +64,7 @@ func checkKeys(b []byte) error {
 						return invalid(ReasonMalformed, string(key), "key %q appears twice in one object", key)
 					}
 				}
-				if !top.free && bytes.IndexFunc(key, func(r rune) bool { return r >= 'A' && r <= 'Z' }) >= 0 {
+				if !top.free && !fieldName(key) {
 					return invalid(ReasonUnknownField, string(key), "unknown field %q (fields are lower case)", key)
 				}
 				keys = append(keys, key)
@@ -74,4 +74,17 @@ func checkKeys(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// fieldName reports whether key is spelled as every spec field is: lower
+// case ASCII letters, digits and '_'. Not only upper case A-Z is refused:
+// encoding/json folds Unicode case too, so "ſteps" (long s) was read as
+// "steps" and "Key" (Kelvin sign) as "key".
+func fieldName(key []byte) bool {
+	for _, c := range key {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
 }
