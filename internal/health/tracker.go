@@ -86,12 +86,19 @@ func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 		t.agents[key] = a
 		return
 	}
-	if p.HeartbeatAt.Equal(a.last.HeartbeatAt) {
+	sameProcess := p.StartedAt.Equal(a.last.StartedAt)
+	if p.HeartbeatAt.Equal(a.last.HeartbeatAt) ||
+		(sameProcess && (p.Succeeded < a.last.Succeeded || p.Failed < a.last.Failed)) {
+		// The same heartbeat again, or an older one of the same process
+		// (its counters never go down): a snapshot of the view read
+		// before a newer heartbeat arrived (the leader's seed). Taken
+		// for a restart, it counted the agent's lifetime totals in the
+		// window and could judge a long-lived agent critical.
 		return
 	}
 	a.reported(&p)
 	s := sample{at: now, gap: max(p.HeartbeatAt.Sub(a.last.HeartbeatAt), 0)}
-	restarted := !p.StartedAt.Equal(a.last.StartedAt) || p.Succeeded < a.last.Succeeded || p.Failed < a.last.Failed
+	restarted := !sameProcess
 	if restarted {
 		s.succeeded, s.failed = int(p.Succeeded), int(p.Failed)
 		a.consecutive, a.lastFailure = 0, time.Time{}
@@ -167,6 +174,14 @@ func (t *Tracker) SetReported(key string, selfReported, utilisation *float64) {
 	if a, ok := t.agents[key]; ok {
 		a.selfReported, a.utilisation = selfReported, utilisation
 	}
+}
+
+// Tracks reports whether the agent (key protocol.PresenceKey) is tracked.
+func (t *Tracker) Tracks(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.agents[key]
+	return ok
 }
 
 // Forget drops an agent that left.

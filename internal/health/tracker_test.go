@@ -348,3 +348,30 @@ func TestTrackerTakesHeartbeatsAfterTheAgentsClockSteppedBack(t *testing.T) {
 		t.Fatalf("%d successes in the window, want 14", o.Succeeded)
 	}
 }
+
+// An older heartbeat of the same process (its counters lower than the
+// last one's) is ignored: the leader's seed reads a snapshot of the view
+// that can be older than a heartbeat the watch brought meanwhile. Taken
+// for a restart (after the clock-step change), it counted the agent's
+// lifetime totals in the window. (A review of that change.)
+//
+// Old code (0a3dfe6): "window holds 400 failures, 100 successes; level
+// failed [failure rate 80% ≥ 70% …]".
+func TestTrackerIgnoresAnOlderHeartbeatOfTheSameProcess(t *testing.T) {
+	t.Parallel()
+	tr := tracker(t, nil)
+	a := newAgentSim("a")
+	a.p.Succeeded, a.p.Failed = 100, 400 // a long life before this leader
+	key := protocol.PresenceKey("p", "a")
+	now := t0
+	older := a.beat(time.Second, 0, 0)
+	newer := a.beat(time.Second, 10, 0)
+	tr.Heartbeat(newer, now)
+	now = now.Add(100 * time.Millisecond)
+	tr.Heartbeat(older, now)
+	o, _ := tr.Observation(key, now)
+	as, _ := tr.Assess(key, now)
+	if o.Failed != 0 || as.Level != health.Healthy {
+		t.Fatalf("window holds %d failures, %d successes; level %s %v", o.Failed, o.Succeeded, as.Level, as.Reasons)
+	}
+}

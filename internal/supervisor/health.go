@@ -75,10 +75,14 @@ func newAssessor(ctx context.Context, t *term, hc health.Config, view *presence.
 	return &assessor{term: t, tracker: tr, kv: kv, view: view, sight: s, log: log, recordTTL: ttl, written: map[string]written{}}, nil
 }
 
-// seed starts tracking the agents present in the (ready) view at now.
+// seed starts tracking the agents present in the (ready) view at now,
+// those the presence watch has not brought (leader.route) meanwhile: the
+// snapshot may be older than what it brought.
 func (a *assessor) seed(now time.Time) {
 	for _, p := range a.view.Agents() {
-		a.tracker.Heartbeat(p, now)
+		if !a.tracker.Tracks(protocol.PresenceKey(p.Pool, p.ID)) {
+			a.tracker.Heartbeat(p, now)
+		}
 	}
 }
 
