@@ -60,15 +60,22 @@ const maxNameLen = 100
 var ErrInvalid = errors.New("invalid schedule")
 
 // Validate checks the definition and returns its parsed expression.
-func (d *Definition) Validate() (Expr, error) {
-	e, err := d.validate()
+func (d *Definition) Validate() (Expr, error) { return d.check(false) }
+
+// ValidateStored is Validate for a definition stored before: its spec is
+// not held to input checks added since (spec.Limits.Accepted), so that an
+// upgrade does not stop a schedule it had accepted.
+func (d *Definition) ValidateStored() (Expr, error) { return d.check(true) }
+
+func (d *Definition) check(stored bool) (Expr, error) {
+	e, err := d.validate(stored)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return e, nil
 }
 
-func (d *Definition) validate() (Expr, error) {
+func (d *Definition) validate(stored bool) (Expr, error) {
 	if !protocol.ValidToken(d.Name) || len(d.Name) > maxNameLen {
 		return nil, fmt.Errorf("schedule name %q: up to %d letters, digits, '_' and '-'", d.Name, maxNameLen)
 	}
@@ -90,7 +97,7 @@ func (d *Definition) validate() (Expr, error) {
 	if err != nil {
 		return nil, err
 	}
-	j, err := spec.Parse([]byte(d.Spec), spec.Limits{})
+	j, err := spec.Parse([]byte(d.Spec), spec.Limits{Accepted: stored})
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func (s *Store) Pause(ctx context.Context, name, reason string) (Entry, bool, er
 	// one: it replaces the old revision's, whose tick would be dropped
 	// and arm this one anyway, one tick later. Not arming it leaves the
 	// schedule paused all the same.
-	x, err := e.Validate()
+	x, err := e.ValidateStored()
 	if err != nil {
 		return e, true, nil // a relay drops its ticks and says why
 	}
@@ -99,7 +99,7 @@ func (s *Store) Resume(ctx context.Context, name string) (Entry, bool, error) {
 		d := *cur
 		d.Paused, d.PauseReason, d.PausedAt = false, "", time.Time{}
 		var err error
-		x, err = d.Validate()
+		x, err = d.ValidateStored()
 		return d, err
 	})
 	if err != nil || !changed {

@@ -249,7 +249,7 @@ func (r *Relay) reconcileUntil(ctx context.Context) {
 // armNow arms the timer of e for its first tick after now (by the
 // server's clock), unless e has been replaced or removed meanwhile.
 func (r *Relay) armNow(ctx context.Context, e Entry) error {
-	x, err := e.Validate()
+	x, err := e.ValidateStored()
 	if err != nil {
 		r.log.Warn().Err(err).Str("schedule", e.Name).Msg("invalid schedule definition left alone")
 		return nil
@@ -333,7 +333,7 @@ func (r *Relay) relay(ctx context.Context, name string, h nats.Header) error {
 		r.log.Debug().Str("schedule", name).Time("tick", tick).Msg("tick relayed already: dropped")
 		return nil
 	}
-	x, err := e.Validate()
+	x, err := e.ValidateStored()
 	if err != nil {
 		r.log.Warn().Err(err).Str("schedule", name).Msg("invalid schedule definition: tick dropped")
 		return nil

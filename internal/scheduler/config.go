@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/wardenhq/warden/internal/config"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/natsconn"
 	"github.com/wardenhq/warden/internal/ratelimit"
 	"github.com/wardenhq/warden/internal/retry"
+	"github.com/wardenhq/warden/internal/schedule"
 	"github.com/wardenhq/warden/internal/selection"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/pkg/spec"
@@ -222,6 +225,16 @@ func (c Config) Validate() error {
 
 func (c Config) limits() spec.Limits {
 	return spec.Limits{MaxBytes: c.MaxSpecBytes, MaxSteps: c.MaxSteps}
+}
+
+// limitsFor are the limits a submission with headers h is parsed with: a
+// delayed one released, or a schedule's tick, was accepted before (or its
+// definition was), and is not held to input checks added since
+// (spec.Limits.Accepted).
+func (c Config) limitsFor(h nats.Header) spec.Limits {
+	l := c.limits()
+	l.Accepted = schedule.Released(h)
+	return l
 }
 
 func (c Config) streamOptions() streams.Options {

@@ -276,7 +276,7 @@ func (s *Scheduler) onSubmission(m jetstream.Msg) {
 	// a valid job: the first such submission created job "invalid", and
 	// every later one, whoever sent it, was answered existing:true and its
 	// spec dropped without a word.
-	in := input{kind: inSubmit, job: submissionJobID(m, s.cfg.limits()), msg: m, at: s.now()}
+	in := input{kind: inSubmit, job: submissionJobID(m, s.cfg.limitsFor(m.Headers())), msg: m, at: s.now()}
 	s.arrived(&in) // under a backlog, its priority counts from now (priority.go)
 	s.route(in)
 }

@@ -65,7 +65,7 @@ func (s *Scheduler) parseSubmission(in *input) (*spec.Job, error) {
 	if in.parsed != nil {
 		return in.parsed, nil // parsed and checked already (on arrival, priority.go)
 	}
-	sp, err := spec.Parse(in.msg.Data(), s.cfg.limits())
+	sp, err := spec.Parse(in.msg.Data(), s.cfg.limitsFor(in.msg.Headers()))
 	if err != nil {
 		return nil, err
 	}

@@ -120,6 +120,7 @@ func scheduledAt(v string) (time.Time, bool) {
 // names job as the scheduler requires (parseSubmission): a submission it
 // would reject is no job.
 func (h *held) spec(limits spec.Limits) (*spec.Job, error) {
+	limits.Accepted = schedule.Released(h.msg.Header) // as the scheduler parses it (limitsFor)
 	sp, err := spec.Parse(h.msg.Data, limits)
 	if err != nil {
 		return nil, err

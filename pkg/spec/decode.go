@@ -24,6 +24,12 @@ type Limits struct {
 	// MaxSteps is the largest number of steps. Defaults to 1000 (0 or
 	// less).
 	MaxSteps int
+	// Accepted says the spec was accepted before (a delayed submission
+	// released, a stored schedule definition): the input checks added
+	// since it may have been (each key once and in lower case, nothing
+	// after a JSON object, durations of at least 1 ms) are not applied,
+	// so an upgrade does not reject at its start a job it had accepted.
+	Accepted bool
 }
 
 // DefaultLimits are used where no limits are configured.
@@ -64,11 +70,13 @@ func Parse(b []byte, l Limits) (*Job, error) {
 		}
 		// More is false before a stray '}' or ']': read the next token
 		// instead, which only the end of the input answers with io.EOF.
-		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if _, err := dec.Token(); !l.Accepted && !errors.Is(err, io.EOF) {
 			return nil, invalid(ReasonMalformed, "", "trailing data after the JSON object")
 		}
-		if err := checkKeys(trimmed); err != nil {
-			return nil, err
+		if !l.Accepted {
+			if err := checkKeys(trimmed); err != nil {
+				return nil, err
+			}
 		}
 		// JSON params are JSON values already: no normalising.
 	} else {
@@ -81,6 +89,11 @@ func Parse(b []byte, l Limits) (*Job, error) {
 	}
 	if err := j.Validate(l); err != nil {
 		return nil, err
+	}
+	if !l.Accepted {
+		if err := j.checkTiny(); err != nil {
+			return nil, err
+		}
 	}
 	if err := j.checkStorable(l); err != nil {
 		return nil, err

@@ -101,10 +101,48 @@ func validDuration(field string, d protocol.Duration) error {
 	if d.Std() > maxDelay {
 		return invalid(ReasonInvalidValue, field, "at most %s, got %s", maxDelay, d)
 	}
-	if d > 0 && d.Std() < time.Millisecond {
-		// A JSON number is read as nanoseconds ("timeout": 60 was 60ns:
-		// the job timed out at once and compensated); YAML refuses one.
-		return invalid(ReasonInvalidValue, field, "at least 1ms, got %s (a JSON number is nanoseconds: write a duration such as \"60s\")", d)
+	return nil
+}
+
+// checkTiny refuses a duration under 1 ms. A JSON number is read as
+// nanoseconds ("timeout": 60 was 60ns: the job timed out at once and
+// compensated), while YAML refuses one. Parse applies it to new specs
+// only (Limits.Accepted).
+func (j *Job) checkTiny() error {
+	tiny := func(field string, d protocol.Duration) error {
+		if d > 0 && d.Std() < time.Millisecond {
+			return invalid(ReasonInvalidValue, field, "at least 1ms, got %s (a JSON number is nanoseconds: write a duration such as \"60s\")", d)
+		}
+		return nil
+	}
+	retry := func(field string, o *RetryOverride) error {
+		if o == nil {
+			return nil
+		}
+		for _, b := range []struct {
+			name string
+			d    *protocol.Duration
+		}{{"base_backoff", o.BaseBackoff}, {"max_backoff", o.MaxBackoff}} {
+			if b.d != nil {
+				if err := tiny(field+"."+b.name, *b.d); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	errs := []error{tiny("delay", j.Delay), tiny("ttl", j.TTL), tiny("timeout", j.Timeout), retry("retry", j.Retry)}
+	for i, s := range j.Steps {
+		f := fmt.Sprintf("steps[%d]", i)
+		errs = append(errs, tiny(f+".timeout", s.Timeout), tiny(f+".ttl", s.TTL), tiny(f+".expires_in", s.ExpiresIn), retry(f+".retry", s.Retry))
+		if c := s.Compensate; c != nil {
+			errs = append(errs, tiny(f+".compensate.timeout", c.Timeout), retry(f+".compensate.retry", c.Retry))
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
