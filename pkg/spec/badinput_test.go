@@ -59,11 +59,15 @@ func TestCompensationInAnotherPoolTakesNoneOfTheStepsRequirements(t *testing.T) 
 	j, err := spec.Parse([]byte(`{"name":"x","steps":[{"id":"train","action":"fit","pool":"gpu","requires":["cuda"],
 		"compensate":{"action":"release","pool":"cpu"}},
 		{"id":"b","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release"}},
-		{"id":"c","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release","pool":"cpu","requires":["x86"]}}]}`), spec.Limits{})
+		{"id":"c","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release","pool":"cpu","requires":["x86"]}},
+		{"id":"d","action":"fit","pool":"gpu","requires":["cuda"],"compensate":{"action":"release","pool":"gpu"}},
+		{"id":"e","action":"fit","requires":["cuda"],"compensate":{"action":"release","pool":"default"}}]}`), spec.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [][]string{nil, {"cuda"}, {"x86"}}
+	// d and e name the step's own pool (a review of the fix: they lost
+	// the step's requirements).
+	want := [][]string{nil, {"cuda"}, {"x86"}, {"cuda"}, {"cuda"}}
 	for i, s := range j.Steps {
 		c, _ := s.CompensationStep()
 		if len(c.Requires) != len(want[i]) || (len(want[i]) > 0 && c.Requires[0] != want[i][0]) {

@@ -376,7 +376,7 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 
 // CompensationStep is the step that runs c for step s: same pool, agent
 // and requirements (or cluster and target) unless c names its own pool
-// (then none of the step's requirements) or agent, the same priority, concurrency key and rate limit, no
+// (another one: then none of the step's requirements) or agent, the same priority, concurrency key and rate limit, no
 // dependencies (the planner orders compensations). A cluster step's undo
 // goes through its cluster to the member that owns its target, fenced
 // like the step: without them it went to the default pool, to any agent
@@ -396,10 +396,13 @@ func (s Step) CompensationStep() (Step, bool) {
 		out.Cluster, out.Target = "", "" // runs where c says, outside the cluster
 	}
 	if c.Pool != "" {
-		// Another pool's agents are not the forward step's: its
-		// requirements stayed on the undo, which then matched no agent
-		// there and left the job compensating for ever.
-		out.Pool, out.Agent, out.Requires = c.Pool, c.Agent, nil
+		out.Pool, out.Agent = c.Pool, c.Agent
+		if poolOrDefault(c.Pool) != poolOrDefault(s.Pool) {
+			// Another pool's agents are not the forward step's: its
+			// requirements stayed on the undo, which then matched no
+			// agent there and left the job compensating for ever.
+			out.Requires = nil
+		}
 	} else if c.Agent != "" {
 		out.Agent = c.Agent
 	}
@@ -421,4 +424,11 @@ func (p Priority) EffectiveRank(waited, aging time.Duration) int {
 		r += int(waited / aging)
 	}
 	return min(r, PriorityCritical.Rank())
+}
+
+func poolOrDefault(p string) string {
+	if p == "" {
+		return DefaultPool
+	}
+	return p
 }
