@@ -70,9 +70,11 @@ type Index struct {
 	// for longer than Stall was taken for stalled at its first slow
 	// delivery, and the whole index rebuilt.
 	behind time.Time
-	// oldest is a revision no live entry is below (checkStream): the
-	// least at the build, raised when found stale.
+	// oldest is a revision no live entry is below (checkHead): the
+	// least at the build, raised when found stale; walked is when it
+	// was last taken.
 	oldest uint64
+	walked time.Time
 	// changed is closed (and cleared) when covered moves or the index is
 	// dropped; made by a waiting listing.
 	changed chan struct{}

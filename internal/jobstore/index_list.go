@@ -80,7 +80,7 @@ func (ix *Index) await(ctx context.Context) (uint64, error) {
 			return 0, err
 		}
 		if covered >= last {
-			return gen, ix.checkHead(gen, st.CachedInfo().State.FirstSeq)
+			return gen, ix.checkHead(gen, st.CachedInfo().State)
 		}
 		next, found, err := ix.nextJobWrite(cctx, covered+1)
 		if err != nil {
@@ -97,7 +97,7 @@ func (ix *Index) await(ctx context.Context) (uint64, error) {
 				ix.covered = max(ix.covered, last)
 			}
 			ix.mu.Unlock()
-			return gen, ix.checkHead(gen, st.CachedInfo().State.FirstSeq)
+			return gen, ix.checkHead(gen, st.CachedInfo().State)
 		}
 		if err := ix.waitFor(cctx, ctx, gen, next); err != nil {
 			return 0, err
@@ -118,40 +118,47 @@ func (ix *Index) checkStream(gen uint64, st jetstream.StreamState) error {
 	if st.LastSeq >= ix.covered && (st.Msgs > 0 || len(ix.byID) == 0) {
 		return nil
 	}
-	err := fmt.Errorf("%w: stream at sequence %d with %d messages, index at %d with %d jobs",
-		errIndexStreamReset, st.LastSeq, st.Msgs, ix.covered, len(ix.byID))
-	if ix.abort != nil {
-		ix.abort(err)
-	}
-	return err
+	return ix.reset(fmt.Errorf("%w: stream at sequence %d with %d messages, index at %d with %d jobs",
+		errIndexStreamReset, st.LastSeq, st.Msgs, ix.covered, len(ix.byID)))
 }
 
-// checkHead ends the follower of an index that holds a job whose record
-// is gone without a marker: the stream's first message (first, read
-// before the index caught up with the stream's last) is past a live
-// entry's revision, each of which is a message still stored unless the
-// stream was purged (a purge writes no markers; purged, then written
-// again, the stream passed checkStream). Judged only once the index has
-// applied every write up to that read: a record its retention removed
-// leaves a marker by then.
-func (ix *Index) checkHead(gen, first uint64) error {
+// checkHead ends the follower of an index that holds jobs whose records
+// are gone without a marker (st, read before the index caught up with the
+// stream's last message): a purge writes no markers, and purged, then
+// written again, the stream passed checkStream. Every live entry's
+// revision is a message still stored, so no job's revision is below the
+// stream's first message. (Counting messages would not do: jobs made
+// after st was read are indexed by now.) The index is walked when the
+// stream's head passes the least revision it knows, at most every
+// walkEvery after the first time since the build (under the index's lock:
+// with retention removing jobs in the order they were made, the head
+// passes it all the time).
+// Judged only once the index has applied every write up to that read: a
+// record its retention removed leaves a marker by then.
+func (ix *Index) checkHead(gen uint64, st jetstream.StreamState) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if !ix.ready || ix.gen != gen {
 		return errIndexRebuilt
 	}
-	if ix.oldest == 0 {
-		ix.oldest = ix.leastRevision() // built empty: 0 while it stays so
-	}
-	if ix.oldest == 0 || first <= ix.oldest {
+	if (ix.oldest != 0 && st.FirstSeq <= ix.oldest) || (!ix.walked.IsZero() && ix.cfg.Now().Sub(ix.walked) < walkEvery) {
 		return nil
 	}
-	// Entries rewritten since oldest was taken raised theirs: look again
-	// (amortised: only when the stream's head passes it).
-	if ix.oldest = ix.leastRevision(); ix.oldest == 0 || first <= ix.oldest {
+	// Entries rewritten since oldest was taken raised theirs (and an
+	// index built empty knows none): look again.
+	ix.oldest, ix.walked = ix.leastRevision(), ix.cfg.Now()
+	if ix.oldest == 0 || st.FirstSeq <= ix.oldest {
 		return nil
 	}
-	err := fmt.Errorf("%w: stream's first message %d past job revision %d", errIndexStreamReset, first, ix.oldest)
+	return ix.reset(fmt.Errorf("%w: stream's first message %d past job revision %d", errIndexStreamReset, st.FirstSeq, ix.oldest))
+}
+
+// walkEvery bounds how often checkHead walks the index.
+const walkEvery = 10 * time.Second
+
+// reset ends the follower (Run rebuilds the index) and returns err. Lock
+// held.
+func (ix *Index) reset(err error) error {
 	if ix.abort != nil {
 		ix.abort(err)
 	}

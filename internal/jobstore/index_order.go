@@ -26,7 +26,7 @@ func (ix *Index) install(entries []JobEntry, last uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.byID, ix.order, ix.removed, ix.counts = byID, order, 0, counts
-	ix.covered, ix.progress, ix.behind, ix.oldest = last, ix.cfg.Now(), time.Time{}, ix.leastRevision()
+	ix.covered, ix.progress, ix.behind, ix.oldest, ix.walked = last, ix.cfg.Now(), time.Time{}, ix.leastRevision(), time.Time{}
 	ix.gen++
 	ix.ready = true
 	ix.builds.Add(1)
