@@ -21,7 +21,7 @@ func (a *app) healingCommand() *cobra.Command {
 			})
 		},
 	}
-	ls.Flags().IntVar(&limit, "limit", 100, "show at most the last N actions (0: all)")
+	ls.Flags().IntVar(&limit, "limit", 100, "show at most the last N actions (0: the most, 10000)")
 	cmd.AddCommand(ls)
 	return cmd
 }

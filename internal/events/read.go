@@ -21,8 +21,11 @@ const (
 	readWait = 5 * time.Second
 )
 
+// MaxList is the most events List returns (limit 0 means as many).
+const MaxList = 10000
+
 // List reads the stored events of one kind, oldest first: the last limit
-// of them (0: all), as stored when it starts reading. It reads them with one
+// of them (0: MaxList, also the most), as stored when it starts reading. It reads them with one
 // pull consumer on the kind's subjects, started near the end of the stream
 // so that only about limit events are fetched (a stream where the kind is
 // rare takes a few tries to find where to start), and holds at most limit
@@ -30,7 +33,11 @@ const (
 // answering, events are missed) is an error, never a shorter list.
 // Messages that do not decode as events are skipped.
 func List(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind, limit int) ([]protocol.Event, error) {
-	limit = max(limit, 0)
+	if limit <= 0 || limit > MaxList {
+		// "All" read every event of the kind the stream keeps (1 GiB, 7
+		// days) into memory, on every surface (API, CLI, micro).
+		limit = MaxList
+	}
 	s, err := js.Stream(ctx, protocol.StreamEvents)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", protocol.StreamEvents, err)

@@ -121,12 +121,7 @@ func (o *Ops) Events(ctx context.Context, kind protocol.EventKind, limit int) ([
 	if !protocol.ValidToken(string(kind)) {
 		return nil, Errorf(CodeInvalid, "event kind %q: not a valid token", kind)
 	}
-	if limit <= 0 || limit > maxLimit {
-		// 0 read every event of the kind the stream holds (1 GiB, 7
-		// days), built in memory, while 10,001 was refused.
-		limit = maxLimit
-	}
-	evs, err := events.List(ctx, o.js, kind, limit)
+	evs, err := events.List(ctx, o.js, kind, limit) // at most events.MaxList
 	if err != nil {
 		return nil, err
 	}
