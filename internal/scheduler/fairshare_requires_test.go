@@ -24,21 +24,7 @@ func TestFairShareCountsOnlyAgentsWithTheCapabilities(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	block := make(chan struct{})
-	t.Cleanup(func() { close(block) })
-	for _, a := range []struct {
-		id   string
-		caps []string
-	}{{"g1", []string{"gpu"}}, {"g2", []string{"gpu"}}, {"c1", nil}, {"c2", nil}} {
-		ag := agenttest.StartAgent(t, b.nc, agent.Config{ID: a.id, Pool: "default", Capabilities: a.caps, MaxConcurrent: 1})
-		ag.Script(func(ctx context.Context, _ *agent.Task) (any, error) {
-			select {
-			case <-block:
-			case <-ctx.Done():
-			}
-			return nil, nil
-		})
-	}
+	holdingAgents(t, b, []string{"gpu"})
 	dispatched := func(job, step string) bool {
 		st, _, err := b.store.Step(context.Background(), job, step)
 		return err == nil && st.State == jobstore.StepDispatched
@@ -73,21 +59,7 @@ func TestFairShareHoldsForMixedAndReorderedRequirements(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.startScheduler(t, scheduler.Config{})
-	block := make(chan struct{})
-	t.Cleanup(func() { close(block) })
-	for _, a := range []struct {
-		id   string
-		caps []string
-	}{{"g1", []string{"gpu", "fast"}}, {"g2", []string{"gpu", "fast"}}, {"c1", nil}, {"c2", nil}} {
-		ag := agenttest.StartAgent(t, b.nc, agent.Config{ID: a.id, Pool: "default", Capabilities: a.caps, MaxConcurrent: 1})
-		ag.Script(func(ctx context.Context, _ *agent.Task) (any, error) {
-			select {
-			case <-block:
-			case <-ctx.Done():
-			}
-			return nil, nil
-		})
-	}
+	holdingAgents(t, b, []string{"gpu", "fast"})
 	steps := []string{"a", "b", "c", "d", "e"}
 	b.submitNoReply(t, []byte(`{"name":"mix","steps":[
  {"id":"a","action":"echo","requires":["gpu","fast"],"timeout":"60s"},
@@ -118,5 +90,27 @@ func TestFairShareHoldsForMixedAndReorderedRequirements(t *testing.T) {
 	})
 	if all, gpu := count(); all > 2 || gpu > 1 {
 		t.Fatalf("job-mix holds %d of 4 slots (%d of the 2 gpu ones), want at most 2 (1)", all, gpu)
+	}
+}
+
+// holdingAgents starts four agents of pool default, one slot each, that
+// hold every task until the test ends: g1 and g2 with caps, c1 and c2
+// with none.
+func holdingAgents(t *testing.T, b *bundle, caps []string) {
+	t.Helper()
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	for _, a := range []struct {
+		id   string
+		caps []string
+	}{{"g1", caps}, {"g2", caps}, {"c1", nil}, {"c2", nil}} {
+		ag := agenttest.StartAgent(t, b.nc, agent.Config{ID: a.id, Pool: "default", Capabilities: a.caps, MaxConcurrent: 1})
+		ag.Script(func(ctx context.Context, _ *agent.Task) (any, error) {
+			select {
+			case <-block:
+			case <-ctx.Done():
+			}
+			return nil, nil
+		})
 	}
 }
