@@ -277,20 +277,18 @@ type gateGrant struct {
 // try while it waited for an agent, and held the key for as long.
 func (w *worker) giveBackSlots(ctx context.Context, st *jobstore.Step, grants []gateGrant) {
 	for _, g := range grants {
+		var (
+			next []string
+			err  error
+		)
 		if g.Renewed {
-			next, err := w.s.gates.conc.Unrenew(ctx, g.key, holderID(st.JobID, st.ID), g.Grant)
-			if err != nil {
-				w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", g.key).
-					Msg("concurrency slot's renewal not taken back; its lease will free it")
-				continue
-			}
-			w.wakeWaiters(next)
-			continue
+			next, err = w.s.gates.conc.Unrenew(ctx, g.key, holderID(st.JobID, st.ID), g.Grant)
+		} else {
+			next, err = w.s.gates.conc.ReleaseGrant(ctx, g.key, holderID(st.JobID, st.ID), g.Until)
 		}
-		next, err := w.s.gates.conc.ReleaseGrant(ctx, g.key, holderID(st.JobID, st.ID), g.Until)
 		if err != nil {
 			w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", g.key).
-				Msg("concurrency slot not given back; its lease will free it")
+				Bool("renewal", g.Renewed).Msg("concurrency slot not given back; its lease will free it")
 			continue
 		}
 		w.wakeWaiters(next)
