@@ -283,10 +283,6 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	}
 	def := *m.def
 	prev, prevRev := m.state, m.stateRev
-	floor := uint64(0)
-	if prevRev == 0 {
-		floor = m.epochSeen // the state is gone, or was never written
-	}
 	members := m.aliveLocked()
 	reqs := make([]pendingRequest, 0, len(m.requests))
 	for _, r := range m.requests {
@@ -334,7 +330,7 @@ func (m *Member) step(ctx context.Context, epoch uint64, pub *published) bool {
 	}
 	reqs = claimed
 
-	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, EpochFloor: floor, Now: m.cfg.Now()}
+	in := Input{Def: def, Prev: prev, Members: members, Leader: m.key, LeaseEpoch: epoch, EpochFloor: m.epochSeen, Now: m.cfg.Now()}
 	handoff := ""
 	refused := map[string]string{} // request id -> why it was not carried out
 	for _, r := range reqs {

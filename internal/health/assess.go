@@ -32,8 +32,9 @@ type Observation struct {
 	// window, oldest first.
 	HeartbeatGaps []time.Duration
 	// Succeeded, Failed and Lost count tasks finished in the window: with
-	// success, with a failure the agent reported, and without any report
-	// (lease lost, transferred by failover).
+	// success, with a failure the agent reported, and without any report.
+	// The Tracker records no lost tasks (healing's own queue transfers
+	// said nothing of the agent); a caller that knows of some sets Lost.
 	Succeeded, Failed, Lost int
 	// ConsecutiveFailures is the number of failures since the last success.
 	ConsecutiveFailures int

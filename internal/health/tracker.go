@@ -43,12 +43,11 @@ type tracked struct {
 	interval     time.Duration // the agent's heartbeat interval; 0: unknown
 }
 
-// sample is what one heartbeat (or one RecordLost) added.
+// sample is what one heartbeat added.
 type sample struct {
 	at                time.Time // when it was received
 	gap               time.Duration
 	succeeded, failed int
-	lost              int
 }
 
 // NewTracker validates cfg and returns an empty tracker.
@@ -81,9 +80,7 @@ func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 	defer t.mu.Unlock()
 	a, ok := t.agents[key]
 	if !ok {
-		a = &tracked{last: p, lastReceived: now}
-		a.reported(&p)
-		t.agents[key] = a
+		t.track(key, p, now)
 		return
 	}
 	sameProcess := p.StartedAt.Equal(a.last.StartedAt)
@@ -117,6 +114,26 @@ func (t *Tracker) Heartbeat(p protocol.Presence, now time.Time) {
 	t.prune(a, now)
 }
 
+// Seed starts tracking the agent of p, received at now, unless it is
+// tracked already: a snapshot of the presence view (a new leader's) can be
+// older than a heartbeat the watch brought meanwhile, and taken for a
+// restart it counted the agent's lifetime totals in the window.
+func (t *Tracker) Seed(p protocol.Presence, now time.Time) {
+	key := protocol.PresenceKey(p.Pool, p.ID)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.agents[key]; !ok {
+		t.track(key, p, now)
+	}
+}
+
+// track adds the agent of p. Lock held.
+func (t *Tracker) track(key string, p protocol.Presence, now time.Time) {
+	a := &tracked{last: p, lastReceived: now}
+	a.reported(&p)
+	t.agents[key] = a
+}
+
 // reported takes what the heartbeat says of the agent beyond its counters:
 // queue depth, self-reported health, utilisation and heartbeat interval.
 // A field the agent does not send keeps what SetQueueDepth or SetReported
@@ -135,22 +152,6 @@ func (a *tracked) reported(p *protocol.Presence) {
 	}
 	if p.HeartbeatInterval > 0 {
 		a.interval = p.HeartbeatInterval.Std()
-	}
-}
-
-// RecordLost counts n tasks the agent took and never reported on (its lease
-// ran out, failover transferred them). They count as failures.
-func (t *Tracker) RecordLost(key string, n int, now time.Time) {
-	if n <= 0 {
-		return
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if a, ok := t.agents[key]; ok {
-		a.samples = append(a.samples, sample{at: now, lost: n})
-		a.consecutive += n
-		a.lastFailure = now
-		t.prune(a, now)
 	}
 }
 
@@ -174,14 +175,6 @@ func (t *Tracker) SetReported(key string, selfReported, utilisation *float64) {
 	if a, ok := t.agents[key]; ok {
 		a.selfReported, a.utilisation = selfReported, utilisation
 	}
-}
-
-// Tracks reports whether the agent (key protocol.PresenceKey) is tracked.
-func (t *Tracker) Tracks(key string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.agents[key]
-	return ok
 }
 
 // Forget drops an agent that left.
@@ -258,7 +251,6 @@ func (t *Tracker) observe(a *tracked, now time.Time) Observation {
 		}
 		o.Succeeded += s.succeeded
 		o.Failed += s.failed
-		o.Lost += s.lost
 	}
 	return o
 }

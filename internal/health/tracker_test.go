@@ -137,7 +137,7 @@ func TestTrackerHeartbeats(t *testing.T) {
 	}
 }
 
-func TestTrackerRestartLostAndQueue(t *testing.T) {
+func TestTrackerRestartAndQueue(t *testing.T) {
 	t.Parallel()
 	tr := tracker(t, nil)
 	a := newAgentSim("a")
@@ -154,12 +154,11 @@ func TestTrackerRestartLostAndQueue(t *testing.T) {
 	if o.Succeeded != 13 || o.Failed != 1 {
 		t.Fatalf("after restart: %d succeeded, %d failed; want 13, 1", o.Succeeded, o.Failed)
 	}
-	tr.RecordLost(key, 2, now)
 	tr.SetQueueDepth(key, 120)
 	tr.SetReported(key, health.Known(0.9), nil)
 	o, _ = tr.Observation(key, now)
-	if o.Lost != 2 || o.QueueDepth != 120 || o.ConsecutiveFailures != 2 || o.SelfReported == nil {
-		t.Fatalf("lost/queue/self: %+v", o)
+	if o.QueueDepth != 120 || o.SelfReported == nil {
+		t.Fatalf("queue/self: %+v", o)
 	}
 	if as, _ := tr.Assess(key, now); as.Level != health.Critical {
 		t.Fatalf("queue 120: %+v", as)
@@ -171,8 +170,7 @@ func TestTrackerRestartLostAndQueue(t *testing.T) {
 	if _, ok := tr.Assess(key, now); ok || len(tr.Keys()) != 0 {
 		t.Fatal("forgotten agent still tracked")
 	}
-	tr.RecordLost(key, 1, now) // unknown agents are ignored
-	tr.SetQueueDepth(key, 1)
+	tr.SetQueueDepth(key, 1) // unknown agents are ignored
 	if len(tr.Keys()) != 0 {
 		t.Fatal("unknown agent created")
 	}

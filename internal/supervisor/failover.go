@@ -117,13 +117,14 @@ func (f *failover) move(ctx context.Context, pool, agent, trigger string, how de
 		return rec, err
 	}
 	moved, err := f.drainQueue(ctx, q, how, &rec)
+	// Every job that lost a step is asked to advance, also when the
+	// drain stopped part-way: the steps released so far run now, not
+	// after the recovery grace (the failover tried again finds them
+	// pending, none of its doing, and does not ask for them).
+	for job := range moved {
+		f.adv.AdvanceOrRetry(ctx, job)
+	}
 	if err != nil {
-		// Stopped part-way: the steps released so far run now, not after
-		// the recovery grace. The failover tried again finds them pending,
-		// none of its doing, and does not ask for them.
-		for job := range moved {
-			f.adv.AdvanceOrRetry(ctx, job)
-		}
 		return rec, err
 	}
 	f.settle(ctx, moved, &rec)
@@ -214,12 +215,11 @@ func (f *failover) transferTask(ctx context.Context, q queue, raw *jetstream.Raw
 	return nil
 }
 
-// settle asks a scheduler to advance every job that lost a step and
-// records where the steps went.
+// settle records where the moved steps went (move asked their jobs to
+// advance).
 func (f *failover) settle(ctx context.Context, moved map[string][]string, rec *FailoverRecord) {
 	targets := map[string]bool{}
 	for job, steps := range moved {
-		f.adv.AdvanceOrRetry(ctx, job)
 		for _, id := range steps {
 			st, _, err := f.store.Step(ctx, job, id)
 			switch {

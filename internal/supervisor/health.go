@@ -76,13 +76,11 @@ func newAssessor(ctx context.Context, t *term, hc health.Config, view *presence.
 }
 
 // seed starts tracking the agents present in the (ready) view at now,
-// those the presence watch has not brought (leader.route) meanwhile: the
-// snapshot may be older than what it brought.
+// those the presence watch has not brought (leader.route) meanwhile
+// (Tracker.Seed).
 func (a *assessor) seed(now time.Time) {
 	for _, p := range a.view.Agents() {
-		if !a.tracker.Tracks(protocol.PresenceKey(p.Pool, p.ID)) {
-			a.tracker.Heartbeat(p, now)
-		}
+		a.tracker.Seed(p, now)
 	}
 }
 
