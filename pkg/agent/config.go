@@ -168,8 +168,8 @@ func (c Config) Validate() error {
 		bad("pool %q must be 1-128 characters of letters, digits, '-' or '_'", c.Pool)
 	}
 	for i, capability := range c.Capabilities {
-		if strings.TrimSpace(capability) == "" {
-			bad("capabilities[%d] must not be empty", i)
+		if problem := protocol.CapabilityProblem(capability); problem != "" {
+			bad("capabilities[%d] %q %s (steps could never require it)", i, capability, problem)
 		}
 	}
 	if c.MaxConcurrent < 1 || c.MaxConcurrent > maxConcurrentLimit {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 // EventPresenceRejected: a presence record was not used because it does
@@ -100,4 +101,21 @@ func (p Presence) Routed(shards int) Presence {
 	shard := Shard(p.Pool, p.ID, shards)
 	p.TaskStream, p.TaskSubject, p.Consumer = TaskStream(shard), TaskSubject(shard, p.Pool, p.ID), p.ID
 	return p
+}
+
+// CapabilityProblem says why c cannot be a capability, or "": one is
+// not empty, has no white space at either end and no control character.
+// Agents' configs and steps' requires are held to the same rule, so that
+// no step requires a capability no agent can offer (a NUL would also
+// merge two sets of requirements in the scheduler's slot classes).
+func CapabilityProblem(c string) string {
+	switch {
+	case strings.TrimSpace(c) == "":
+		return "must not be empty"
+	case strings.TrimSpace(c) != c:
+		return "starts or ends with white space"
+	case strings.IndexFunc(c, unicode.IsControl) >= 0:
+		return "contains a control character"
+	}
+	return ""
 }

@@ -90,11 +90,6 @@ func Parse(b []byte, l Limits) (*Job, error) {
 	if err := j.Validate(l); err != nil {
 		return nil, err
 	}
-	if !l.Accepted {
-		if err := j.checkTiny(); err != nil {
-			return nil, err
-		}
-	}
 	if err := j.checkStorable(l); err != nil {
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 
 // validRetry checks the retry settings of s (a step's, or the job's with
 // prefix ""): max_retries 0 to 100, and a retry override that applies.
-func validRetry(prefix string, s Step) error {
+func validRetry(prefix string, s Step, fresh bool) error {
 	f := func(name string) string {
 		if prefix == "" {
 			return name
@@ -22,7 +22,7 @@ func validRetry(prefix string, s Step) error {
 		return invalid(ReasonInvalidValue, f("max_retries"), "must be between 0 and %d, got %d", retry.MaxMaxRetries, *s.MaxRetries)
 	}
 	if o := s.RetryOverride(); o != nil {
-		if err := validRetryDurations(f("retry"), o); err != nil {
+		if err := validRetryDurations(f("retry"), o, fresh); err != nil {
 			return err
 		}
 		if err := o.Apply(retry.DefaultPolicy()).Validate(); err != nil {
@@ -52,20 +52,14 @@ func validIdempotencyKey(k string) error {
 	return nil
 }
 
-// validRequires refuses a capability no agent can offer: an agent's
-// capabilities are non-empty (pkg/agent Config.Validate), so an empty one
-// left the step waiting for ever; and one with a control character
-// (NUL joins a slot class's requirements, internal/scheduler) or with
-// white space at either end, which no agent config writes.
+// validRequires refuses a capability no agent can offer
+// (protocol.CapabilityProblem, which agents' configs are held to: an
+// empty one left the step waiting for ever). The field is named only on
+// an error: a step without requires costs nothing.
 func validRequires(field string, requires []string) error {
 	for i, c := range requires {
-		switch {
-		case strings.TrimSpace(c) == "":
-			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "a required capability must not be empty")
-		case strings.TrimSpace(c) != c:
-			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "%q starts or ends with white space", c)
-		case strings.IndexFunc(c, unicode.IsControl) >= 0:
-			return invalid(ReasonInvalidValue, fmt.Sprintf("%s[%d]", field, i), "%q contains a control character", c)
+		if problem := protocol.CapabilityProblem(c); problem != "" {
+			return invalid(ReasonInvalidValue, fmt.Sprintf("%s.requires[%d]", field, i), "required capability %q %s", c, problem)
 		}
 	}
 	return nil
@@ -75,6 +69,7 @@ func validRequires(field string, requires []string) error {
 // returned as a *ValidationError.
 func (j *Job) Validate(l Limits) error {
 	l = l.withDefaults()
+	fresh := !l.Accepted
 	if strings.TrimSpace(j.Name) == "" {
 		return invalid(ReasonMissingField, "name", "a job needs a name")
 	}
@@ -112,7 +107,7 @@ func (j *Job) Validate(l Limits) error {
 		if s.Agent != "" && !protocol.ValidToken(s.Agent) {
 			return invalid(ReasonInvalidID, f+".agent", "agent %q may contain only letters, digits, '_' and '-'", s.Agent)
 		}
-		if err := validRequires(f+".requires", s.Requires); err != nil {
+		if err := validRequires(f, s.Requires); err != nil {
 			return err
 		}
 		if s.Cluster != "" && !protocol.ValidToken(s.Cluster) {
@@ -124,15 +119,15 @@ func (j *Job) Validate(l Limits) error {
 		if s.Target != "" && (s.Cluster == "" || strings.ContainsAny(s.Target, " \t\r\n")) {
 			return invalid(ReasonInvalidValue, f+".target", "target %q needs a cluster and no white space", s.Target)
 		}
-		if err := validRetry(f, s); err != nil {
+		if err := validRetry(f, s, fresh); err != nil {
 			return err
 		}
-		if err := validDuration(f+".timeout", s.Timeout); err != nil {
+		if err := validDuration(f+".timeout", s.Timeout, fresh); err != nil {
 			return err
 		}
 	}
 	// The job's retry settings, as the steps that take them would hold them.
-	if err := validRetry("", Step{MaxRetries: j.MaxRetries, Retry: j.Retry}); err != nil {
+	if err := validRetry("", Step{MaxRetries: j.MaxRetries, Retry: j.Retry}, fresh); err != nil {
 		return err
 	}
 	for i, s := range j.Steps {
@@ -154,7 +149,7 @@ func (j *Job) Validate(l Limits) error {
 	if cycle := j.findCycle(index); cycle != nil {
 		return invalid(ReasonCycle, "depends_on", "steps form a cycle: %s", strings.Join(cycle, " -> "))
 	}
-	return j.validateWorkflow()
+	return j.validateWorkflow(fresh)
 }
 
 // findCycle returns one dependency cycle as a path of step ids, or nil.

@@ -94,69 +94,31 @@ const maxDelay = 366 * 24 * time.Hour
 
 // validDuration checks a duration of the spec: 0 to maxDelay. Decoding
 // refuses negative durations already; a Job built in Go may still hold one.
-func validDuration(field string, d protocol.Duration) error {
-	if d < 0 {
+// A fresh spec's (not Limits.Accepted) is also at least 1 ms: a JSON number
+// is read as nanoseconds ("timeout": 60 was 60ns: the job timed out at once
+// and compensated), while YAML refuses one.
+func validDuration(field string, d protocol.Duration, fresh bool) error {
+	switch {
+	case d < 0:
 		return invalid(ReasonInvalidValue, field, "must not be negative, got %s", d)
-	}
-	if d.Std() > maxDelay {
+	case d.Std() > maxDelay:
 		return invalid(ReasonInvalidValue, field, "at most %s, got %s", maxDelay, d)
-	}
-	return nil
-}
-
-// checkTiny refuses a duration under 1 ms. A JSON number is read as
-// nanoseconds ("timeout": 60 was 60ns: the job timed out at once and
-// compensated), while YAML refuses one. Parse applies it to new specs
-// only (Limits.Accepted).
-func (j *Job) checkTiny() error {
-	tiny := func(field string, d protocol.Duration) error {
-		if d > 0 && d.Std() < time.Millisecond {
-			return invalid(ReasonInvalidValue, field, "at least 1ms, got %s (a JSON number is nanoseconds: write a duration such as \"60s\")", d)
-		}
-		return nil
-	}
-	retry := func(field string, o *RetryOverride) error {
-		if o == nil {
-			return nil
-		}
-		for _, b := range []struct {
-			name string
-			d    *protocol.Duration
-		}{{"base_backoff", o.BaseBackoff}, {"max_backoff", o.MaxBackoff}} {
-			if b.d != nil {
-				if err := tiny(field+"."+b.name, *b.d); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	errs := []error{tiny("delay", j.Delay), tiny("ttl", j.TTL), tiny("timeout", j.Timeout), retry("retry", j.Retry)}
-	for i, s := range j.Steps {
-		f := fmt.Sprintf("steps[%d]", i)
-		errs = append(errs, tiny(f+".timeout", s.Timeout), tiny(f+".ttl", s.TTL), tiny(f+".expires_in", s.ExpiresIn), retry(f+".retry", s.Retry))
-		if c := s.Compensate; c != nil {
-			errs = append(errs, tiny(f+".compensate.timeout", c.Timeout), retry(f+".compensate.retry", c.Retry))
-		}
-	}
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	case fresh && d > 0 && d.Std() < time.Millisecond:
+		return invalid(ReasonInvalidValue, field, "at least 1ms, got %s (a JSON number is nanoseconds: write a duration such as \"60s\")", d)
 	}
 	return nil
 }
 
 // validRetryDurations bounds the backoffs a retry override sets; the
 // retry package checks the rest (positive, max_backoff >= base_backoff).
-func validRetryDurations(field string, o *retry.Override) error {
+func validRetryDurations(field string, o *retry.Override, fresh bool) error {
 	if o.BaseBackoff != nil {
-		if err := validDuration(field+".base_backoff", *o.BaseBackoff); err != nil {
+		if err := validDuration(field+".base_backoff", *o.BaseBackoff, fresh); err != nil {
 			return err
 		}
 	}
 	if o.MaxBackoff != nil {
-		return validDuration(field+".max_backoff", *o.MaxBackoff)
+		return validDuration(field+".max_backoff", *o.MaxBackoff, fresh)
 	}
 	return nil
 }
@@ -237,23 +199,23 @@ func (s *Step) usesWorkflow() bool {
 		s.Concurrency != nil || s.RateLimit != "" || s.Compensate != nil
 }
 
-func (j *Job) validateWorkflow() error {
+func (j *Job) validateWorkflow(fresh bool) error {
 	if err := validPriority("priority", j.Priority); err != nil {
 		return err
 	}
 	if j.RunAt != nil && j.Delay > 0 {
 		return invalid(ReasonInvalidValue, "run_at", "set run_at or delay, not both")
 	}
-	if err := validDuration("delay", j.Delay); err != nil {
+	if err := validDuration("delay", j.Delay, fresh); err != nil {
 		return err
 	}
 	if j.ExpiresAt != nil && j.TTL > 0 {
 		return invalid(ReasonInvalidValue, "expires_at", "set expires_at or ttl, not both")
 	}
-	if err := validDuration("ttl", j.TTL); err != nil {
+	if err := validDuration("ttl", j.TTL, fresh); err != nil {
 		return err
 	}
-	if err := validDuration("timeout", j.Timeout); err != nil {
+	if err := validDuration("timeout", j.Timeout, fresh); err != nil {
 		return err
 	}
 	if j.RunAt != nil && j.ExpiresAt != nil && !j.ExpiresAt.After(*j.RunAt) {
@@ -295,11 +257,11 @@ func (j *Job) validateWorkflow() error {
 		if s.ExpiresAt != nil && max(s.TTL, s.ExpiresIn) > 0 {
 			return invalid(ReasonInvalidValue, f+".expires_at", "set expires_at or ttl, not both")
 		}
-		if err := validDuration(f+".ttl", s.TTL); err != nil {
+		if err := validDuration(f+".ttl", s.TTL, fresh); err != nil {
 			return err
 		}
 		// expires_in is ttl by its older name: the same bound.
-		if err := validDuration(f+".expires_in", s.ExpiresIn); err != nil {
+		if err := validDuration(f+".expires_in", s.ExpiresIn, fresh); err != nil {
 			return err
 		}
 		if err := validConcurrency(f+".concurrency", s.Concurrency); err != nil {
@@ -309,7 +271,7 @@ func (j *Job) validateWorkflow() error {
 			return invalid(ReasonInvalidID, f+".rate_limit", "rate limit name %q may contain only letters, digits, '_' and '-'", s.RateLimit)
 		}
 		if c := s.Compensate; c != nil {
-			if err := validCompensation(f+".compensate", s.ID, c, ids); err != nil {
+			if err := validCompensation(f+".compensate", s.ID, c, ids, fresh); err != nil {
 				return err
 			}
 		}
@@ -342,7 +304,7 @@ func validConcurrency(field string, c *Concurrency) error {
 	return nil
 }
 
-func validCompensation(field, step string, c *Compensation, ids map[string]bool) error {
+func validCompensation(field, step string, c *Compensation, ids map[string]bool, fresh bool) error {
 	if c.Action == "" {
 		return invalid(ReasonMissingField, field+".action", "the compensation of step %q needs an action", step)
 	}
@@ -355,13 +317,13 @@ func validCompensation(field, step string, c *Compensation, ids map[string]bool)
 	if c.Agent != "" && !protocol.ValidToken(c.Agent) {
 		return invalid(ReasonInvalidID, field+".agent", "agent %q may contain only letters, digits, '_' and '-'", c.Agent)
 	}
-	if err := validRequires(field+".requires", c.Requires); err != nil {
+	if err := validRequires(field, c.Requires); err != nil {
 		return err
 	}
-	if err := validRetry(field, Step{MaxRetries: c.MaxRetries, Retry: c.Retry}); err != nil {
+	if err := validRetry(field, Step{MaxRetries: c.MaxRetries, Retry: c.Retry}, fresh); err != nil {
 		return err
 	}
-	if err := validDuration(field+".timeout", c.Timeout); err != nil {
+	if err := validDuration(field+".timeout", c.Timeout, fresh); err != nil {
 		return err
 	}
 	id := CompensationID(step)
@@ -397,7 +359,7 @@ func (s Step) CompensationStep() (Step, bool) {
 	}
 	if c.Pool != "" {
 		out.Pool, out.Agent = c.Pool, c.Agent
-		if poolOrDefault(c.Pool) != poolOrDefault(s.Pool) {
+		if c.Pool != s.PoolOrDefault() {
 			// Another pool's agents are not the forward step's: its
 			// requirements stayed on the undo, which then matched no
 			// agent there and left the job compensating for ever.
@@ -424,11 +386,4 @@ func (p Priority) EffectiveRank(waited, aging time.Duration) int {
 		r += int(waited / aging)
 	}
 	return min(r, PriorityCritical.Rank())
-}
-
-func poolOrDefault(p string) string {
-	if p == "" {
-		return DefaultPool
-	}
-	return p
 }
