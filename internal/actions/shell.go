@@ -114,8 +114,7 @@ func normaliseExitClass(class string) string { return strings.ToLower(strings.Tr
 
 // ExitError is a command that ran and exited with a non-zero code.
 type ExitError struct {
-	Command string
-	Code    int
+	Code int
 	// Class is what exit_codes maps Code to; "" when unmapped.
 	Class string
 }
@@ -274,7 +273,7 @@ func runCommand(ctx context.Context, cfg ShellConfig, p ShellParams) (any, error
 	}
 	var exitErr *exec.ExitError
 	if errors.As(err, &exitErr) {
-		return out, &ExitError{Command: p.Command, Code: out.ExitCode, Class: exitClass(cfg, p, out.ExitCode)}
+		return out, &ExitError{Code: out.ExitCode, Class: exitClass(cfg, p, out.ExitCode)}
 	}
 	return out, fmt.Errorf("shell: %s: %w", p.Command, err)
 }

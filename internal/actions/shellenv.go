@@ -54,21 +54,10 @@ var (
 )
 
 // checkEnv returns a permanent error naming the first variable, by name, that
-// the task may not set: see envNameProblem. A command whose arguments are
-// pinned (pinned: it has shell.allowed_args) takes no variable at all
-// unless allowed_env lists it: the pinning would be for nothing when a
-// variable the tool reads its options from (TAR_OPTIONS) could add
-// --checkpoint-action=exec, and the tool-variable list cannot name them
-// all.
+// the task may not set: see envNameProblem.
 func checkEnv(env map[string]string, allowed []string, pinned bool) error {
 	for _, name := range slices.Sorted(maps.Keys(env)) {
-		if pinned && len(allowed) == 0 {
-			if problem := neverAllowedEnv(name); problem != "" {
-				return Permanentf("%w: field \"env\": %q %s", ErrEnvNotAllowed, name, problem)
-			}
-			return Permanentf("%w: field \"env\": %q: the command's arguments are pinned (shell.allowed_args), so a task sets only the variables shell.allowed_env lists, and it lists none", ErrEnvNotAllowed, name)
-		}
-		if problem := envNameProblem(name, allowed); problem != "" {
+		if problem := envNameProblem(name, allowed, pinned); problem != "" {
 			return Permanentf("%w: field \"env\": %q %s", ErrEnvNotAllowed, name, problem)
 		}
 	}
@@ -77,18 +66,24 @@ func checkEnv(env map[string]string, allowed []string, pinned bool) error {
 
 // envNameProblem says why a task may not set name, or "" when it may. With
 // allowed set, only the names it lists are allowed; without, any name but the
-// tool variables. A forbidden or malformed name is never allowed.
-func envNameProblem(name string, allowed []string) string {
+// tool variables, unless the command's arguments are pinned (pinned: it has
+// shell.allowed_args), which takes only the names allowed lists, none when
+// it is empty: the pinning would be for nothing when a variable the tool
+// reads its options from (TAR_OPTIONS) could add --checkpoint-action=exec,
+// and the tool-variable list cannot name them all. A forbidden or
+// malformed name is never allowed.
+func envNameProblem(name string, allowed []string, pinned bool) string {
 	if problem := neverAllowedEnv(name); problem != "" {
 		return problem
 	}
-	if len(allowed) > 0 {
-		if !slices.Contains(allowed, name) {
-			return fmt.Sprintf("is not in shell.allowed_env %q", allowed)
-		}
+	switch {
+	case len(allowed) > 0 && !slices.Contains(allowed, name):
+		return fmt.Sprintf("is not in shell.allowed_env %q", allowed)
+	case len(allowed) > 0:
 		return ""
-	}
-	if isToolEnv(name) {
+	case pinned:
+		return "is not in shell.allowed_env, which lists none: the command's arguments are pinned (shell.allowed_args), so a task sets only the variables it lists"
+	case isToolEnv(name):
 		return "can change what the command runs; list it in shell.allowed_env to allow it"
 	}
 	return ""

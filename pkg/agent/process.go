@@ -131,13 +131,13 @@ func (a *Agent) process(workCtx context.Context, msg jetstream.Msg, delivery uin
 	suspect, waitCtx := isSuspect(delivery, msg.Headers().Get(protocol.HeaderRecoveries)), hctx
 	if suspect && !p.handlerDeadline.IsZero() {
 		var stopWait context.CancelFunc
-		waitCtx, stopWait = context.WithDeadlineCause(hctx, p.handlerDeadline, ErrDeadline)
+		waitCtx, stopWait = context.WithDeadlineCause(hctx, p.handlerDeadline, p.deadlineCause(task))
 		defer stopWait()
 	}
 	release := a.iso.acquire(waitCtx, suspect)
 	if release == nil && hctx.Err() == nil {
 		log.Warn().Msg("deadline passed while waiting to run alone: reporting it not started")
-		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, notStarted(p.deadlineCause(task))), log)
+		a.report(workCtx, msg, pt, p, buildResult(task, a.cfg.Pool, a.cfg.ID, started, a.now(), nil, notStarted(context.Cause(waitCtx))), log)
 		return
 	}
 	if release == nil {
