@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/wardenhq/warden/internal/dlq"
+	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/client"
@@ -387,7 +388,9 @@ func (s *Server) healingStatus(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func limitParam(r *http.Request, def int) (int, error) { return limitUpTo(r, def, 10000, "the most") }
+func limitParam(r *http.Request, def int) (int, error) {
+	return limitUpTo(r, def, events.MaxList, "the most")
+}
 
 // limitUpTo reads ?limit= as 0 to most; 0 means zero (what the route
 // says it means: "all", "the most").

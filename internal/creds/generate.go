@@ -386,7 +386,7 @@ func clusterOf(creds []byte) string {
 	if err != nil {
 		return ""
 	}
-	prefix := "$KV." + protocol.BucketClusterLeases + "." + protocol.ClusterLeaseKey("")
+	prefix := clusterLeaseSubject("")
 	for _, s := range uc.Permissions.Pub.Allow {
 		if c, ok := strings.CutPrefix(s, prefix); ok && protocol.ValidToken(c) {
 			return c

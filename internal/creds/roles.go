@@ -393,7 +393,7 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		return Role{}, fmt.Errorf("cluster %q must be a NATS token ([A-Za-z0-9_-], 1-128)", c)
 	}
 	def, rt := "$KV."+protocol.BucketClusters+"."+c, "$KV."+protocol.BucketClusterRuntime+"."+c
-	leases, health := "$KV."+protocol.BucketClusterLeases+"."+protocol.ClusterLeaseKey(c), "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
+	leases, health := clusterLeaseSubject(c), "$KV."+protocol.BucketHealth+"."+protocol.PresenceKey(pool, id)
 	r.Purpose += ", member of cluster " + c
 	r.Pub = slices.Concat(r.Pub,
 		// Its definition, read and watched: that key alone (an agent
@@ -416,4 +416,11 @@ func AgentInCluster(pool, id string, taskShards int, c string) (Role, error) {
 		r.Pub = append(r.Pub, protocol.EventSubject(k, "*"))
 	}
 	return r, nil
+}
+
+// clusterLeaseSubject is the subject cluster c's lease is written on: a
+// member's credential may publish it (AgentInCluster), and clusterOf reads
+// the cluster back from it.
+func clusterLeaseSubject(c string) string {
+	return "$KV." + protocol.BucketClusterLeases + "." + protocol.ClusterLeaseKey(c)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/rs/zerolog"
 
+	"github.com/wardenhq/warden/internal/events"
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
 )
@@ -162,8 +163,9 @@ func endpoints() []endpoint {
 	}
 }
 
-// defaultLimit is a list request's limit: 100 when unset, at most 10000
-// (the HTTP API's bound; each dead letter listed is a read of the stream).
+// defaultLimit is a list request's limit: 100 when unset, at most
+// events.MaxList (the HTTP API's bound too; each dead letter listed is a
+// read of the stream).
 func defaultLimit(n int) int {
 	if n <= 0 {
 		return 100
@@ -171,7 +173,7 @@ func defaultLimit(n int) int {
 	return min(n, maxLimit)
 }
 
-const maxLimit = 10000
+const maxLimit = events.MaxList
 
 func letterID(s string) (uint64, error) {
 	id, err := strconv.ParseUint(s, 10, 64)
