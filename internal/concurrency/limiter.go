@@ -223,12 +223,18 @@ type record struct {
 // liveAt reports whether a holder's or a waiter's lease is still running
 // at now.
 func (r *record) liveAt(now time.Time) bool {
-	for _, e := range slices.Concat(r.Holders, r.Waiters) {
-		if !now.After(e.Until) {
-			return true
-		}
+	live := func(e entry) bool { return !now.After(e.Until) }
+	return slices.ContainsFunc(r.Holders, live) || slices.ContainsFunc(r.Waiters, live)
+}
+
+// nextUp are the waiters the free slots belong to, in the order they are
+// served.
+func (r *record) nextUp() []string {
+	var next []string
+	for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
+		next = append(next, r.Waiters[i].ID)
 	}
-	return false
+	return next
 }
 
 // prune drops expired holders and waiters.
@@ -556,25 +562,19 @@ func (l *Limiter) Release(ctx context.Context, key, holder string) (next []strin
 	return l.release(ctx, key, holder, time.Time{})
 }
 
-// ReleaseGrant is Release for a slot granted (new, not renewed) until
-// until, unless someone renewed it since (its lease now ends later): that
-// is another caller's grant of the same holder, whose step may be running
-// on it.
-func (l *Limiter) ReleaseGrant(ctx context.Context, key, holder string, until time.Time) (next []string, err error) {
-	return l.release(ctx, key, holder, until)
-}
-
-// Unrenew takes back a renewal g (Renewed) its caller did not use: the
-// holder's lease ends at g.Prev again, unless someone renewed it since
-// (it no longer ends at g.Until); a lease already over frees the slot,
-// and the waiters it now belongs to are returned. A step taken back from
-// a dead agent keeps its slot until its lease ends (its task may still
-// run, cut off), and asking again while it waited for an agent renewed
-// that lease every time: the key stayed held, for as long as the step
-// waited, by a step that ran nowhere.
-func (l *Limiter) Unrenew(ctx context.Context, key, holder string, g Grant) (next []string, err error) {
+// GiveBack gives back what AcquireGrant granted g and its caller did not
+// use, unless someone renewed the holder's slot since (its lease no longer
+// ends at g.Until: another caller's grant of the same holder, whose step
+// may be running on it). A new slot is released. A renewal gets its lease
+// back (g.Prev), or frees the slot if that has passed: a step taken back
+// from a dead agent keeps its slot until its lease ends (its task may
+// still run, cut off), and asking again while it waited for an agent
+// renewed that lease every time, so the key stayed held, for as long as
+// the step waited, by a step that ran nowhere. It returns the waiters the
+// freed slots now belong to.
+func (l *Limiter) GiveBack(ctx context.Context, key, holder string, g Grant) (next []string, err error) {
 	if !g.Renewed {
-		return nil, nil
+		return l.release(ctx, key, holder, g.Until)
 	}
 	defer l.forgetFull(key)
 	err = l.update(ctx, key, func(r *record) bool {
@@ -590,9 +590,7 @@ func (l *Limiter) Unrenew(ctx context.Context, key, holder string, g Grant) (nex
 		}
 		r.Holders = slices.Delete(r.Holders, i, i+1)
 		r.prune(now)
-		for j := 0; j < len(r.Waiters) && j < r.Limit-len(r.Holders); j++ {
-			next = append(next, r.Waiters[j].ID)
-		}
+		next = r.nextUp()
 		return true
 	})
 	return next, err
@@ -612,9 +610,7 @@ func (l *Limiter) release(ctx context.Context, key, holder string, until time.Ti
 		}
 		r.Holders = slices.DeleteFunc(r.Holders, func(e entry) bool { return e.ID == holder })
 		r.Waiters = slices.DeleteFunc(r.Waiters, func(e entry) bool { return e.ID == holder })
-		for i := 0; i < len(r.Waiters) && i < r.Limit-len(r.Holders); i++ {
-			next = append(next, r.Waiters[i].ID)
-		}
+		next = r.nextUp()
 		return len(r.Holders)+len(r.Waiters) != before
 	})
 	return next, err

@@ -45,43 +45,40 @@ func (w *worker) dispatch(jt *jobTurn, now time.Time) {
 	// in a pool of 2 gpu and 2 cpu agents took both gpu slots.
 	var (
 		held   map[shareKey]int
-		limits map[shareKey]int // this turn's, once a key is saturated: 0
+		limits map[shareKey]int // this turn's, per key
 	)
 	shareOf := func(st *jobstore.Step) bool {
 		if len(js.steps) == 1 || w.s.cfg.MaxJobShare >= 1 {
 			return true
 		}
-		// Two shares bound it: of the agents offering the action (any
-		// capabilities), and of those with the step's capabilities.
-		keys := [2]shareKey{{pool: st.Pool, action: st.Action}, shareKeyOf(st)}
 		if held == nil {
 			held, limits = map[shareKey]int{}, map[shareKey]int{}
 			for _, o := range js.steps {
 				if o.State == jobstore.StepDispatched {
-					held[shareKey{pool: o.Pool, action: o.Action}]++
-					if k := shareKeyOf(o); k.requires != "" {
+					keys, n := shareKeys(o)
+					for _, k := range keys[:n] {
 						held[k]++
 					}
 				}
 			}
 		}
-		check := keys[:1] // no capabilities: one share
-		if keys[1].requires != "" {
-			check = keys[:]
-		}
-		for _, k := range check {
+		keys, n := shareKeys(st)
+		for _, k := range keys[:n] {
 			limit, ok := limits[k]
 			if !ok {
-				limit = max(1, int(float64(w.s.selector.CapacityFor(k.pool, k.action, k.capabilities()))*w.s.cfg.MaxJobShare))
+				var requires []string // as decisions ask for them: the selector's view of the query is theirs
+				if k.requires != "" {
+					requires = st.Requires
+				}
+				limit = max(1, int(float64(w.s.selector.CapacityFor(k.pool, k.action, requires))*w.s.cfg.MaxJobShare))
 				limits[k] = limit
 			}
 			if held[k] >= limit {
 				return false
 			}
 		}
-		held[keys[0]]++
-		if keys[1].requires != "" {
-			held[keys[1]]++
+		for _, k := range keys[:n] {
+			held[k]++
 		}
 		return true
 	}
@@ -307,20 +304,20 @@ func (w *worker) cancel(jt *jobTurn, now time.Time) {
 // joined by NUL: ["gpu","fast"] and ["fast","gpu"] are one share).
 type shareKey struct{ pool, action, requires string }
 
-func shareKeyOf(st *jobstore.Step) shareKey {
+// shareKeys are the shares a step counts against: of the agents offering
+// its action (any capabilities), and, when it requires some, of those with
+// every one of them.
+func shareKeys(st *jobstore.Step) (keys [2]shareKey, n int) {
+	keys[0] = shareKey{pool: st.Pool, action: st.Action}
+	if len(st.Requires) == 0 {
+		return keys, 1
+	}
 	req := st.Requires
 	if len(req) > 1 {
 		req = slices.Compact(slices.Sorted(slices.Values(req)))
 	}
-	return shareKey{st.Pool, st.Action, strings.Join(req, "\x00")}
-}
-
-// capabilities are the key's required capabilities; nil for none.
-func (k shareKey) capabilities() []string {
-	if k.requires == "" {
-		return nil
-	}
-	return strings.Split(k.requires, "\x00")
+	keys[1] = shareKey{st.Pool, st.Action, strings.Join(req, "\x00")}
+	return keys, 2
 }
 
 // forgetArrived forgets the steps a submission registered on arrival

@@ -273,19 +273,11 @@ type gateGrant struct {
 // step ran on, and the key's limit was exceeded (two schedulers, a limit
 // of 1: 65 of 80 runs overlapped another). A slot kept so is freed by its
 // lease if nobody uses it. A slot this turn only renewed gets its lease
-// back (Unrenew): a step taken back from a dead agent renewed it at every
+// back (GiveBack): a step taken back from a dead agent renewed it at every
 // try while it waited for an agent, and held the key for as long.
 func (w *worker) giveBackSlots(ctx context.Context, st *jobstore.Step, grants []gateGrant) {
 	for _, g := range grants {
-		var (
-			next []string
-			err  error
-		)
-		if g.Renewed {
-			next, err = w.s.gates.conc.Unrenew(ctx, g.key, holderID(st.JobID, st.ID), g.Grant)
-		} else {
-			next, err = w.s.gates.conc.ReleaseGrant(ctx, g.key, holderID(st.JobID, st.ID), g.Until)
-		}
+		next, err := w.s.gates.conc.GiveBack(ctx, g.key, holderID(st.JobID, st.ID), g.Grant)
 		if err != nil {
 			w.log.Warn().Err(err).Str(logging.FieldJob, st.JobID).Str(logging.FieldStep, st.ID).Str("key", g.key).
 				Bool("renewal", g.Renewed).Msg("concurrency slot not given back; its lease will free it")

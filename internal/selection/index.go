@@ -334,26 +334,21 @@ func (s *Selector) CapacityFor(pool, action string, requires []string) int {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	src := s.sets[setKey{kind: kindAction, pool: pool, name: action}]
-	if src == nil {
+	actionSet := s.sets[setKey{kind: kindAction, pool: pool, name: action}]
+	if actionSet == nil {
 		return 0
 	}
-	for _, c := range requires {
-		cs := s.sets[setKey{kind: kindCapability, pool: pool, name: c}]
-		if cs == nil {
-			return 0 // no agent of the pool has c
-		}
-		if len(cs.all) < len(src.all) {
-			src = cs
-		}
+	src := s.narrowest(pool, actionSet, requires)
+	if src == nil {
+		return 0
 	}
 	req := Request{Pool: pool, Action: action, Requires: requires}
 	v := s.viewOf(req, nil)
 	if v == nil && len(src.all) <= exactLimit {
 		n := 0
 		for _, e := range src.all {
-			if e.eligible && e.offers(action) && hasAll(e.p.Capabilities, requires) {
-				n += e.slots
+			if e.offers(action) && hasAll(e.p.Capabilities, requires) {
+				n += e.slots // 0 for one not eligible
 			}
 		}
 		return n

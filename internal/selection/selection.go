@@ -267,15 +267,25 @@ func (s *Selector) choose(req Request, commit bool) (protocol.Presence, error) {
 	if commit {
 		e.c.assigned++
 		s.refresh(e)
-		if req.Agent != "" && s.cfg.strategyOf(req.Pool) == StrategyRoundRobin {
-			// A step placed on the agent a Peek named (higher work waits
-			// in the pool), or pinned there, took that agent's turn: the
-			// turn stood still, and a round_robin pool under a backlog
-			// filled one agent at a time.
-			s.moveTurn(turnOf(req), e.p.ID)
-		}
 	}
 	return e.p, nil
+}
+
+// narrowest is the smallest of actionSet and the sets of pool's agents
+// with each capability in requires: every agent that can take the step is
+// in it. nil when no agent of the pool has one of them. Callers hold s.mu.
+func (s *Selector) narrowest(pool string, actionSet *set, requires []string) *set {
+	src := actionSet
+	for _, c := range requires {
+		cs := s.sets[setKey{kind: kindCapability, pool: pool, name: c}]
+		if cs == nil {
+			return nil
+		}
+		if len(cs.all) < len(src.all) {
+			src = cs
+		}
+	}
+	return src
 }
 
 // decide finds the entry for req. Callers hold s.mu.
@@ -307,15 +317,9 @@ func (s *Selector) decide(req Request, commit bool) (*entry, error) {
 		return s.exact([]*entry{e}, req, commit)
 	}
 	// Draw from the smallest set every candidate must be in.
-	src := actionSet
-	for _, c := range req.Requires {
-		cs := s.sets[setKey{kind: kindCapability, pool: req.Pool, name: c}]
-		if cs == nil {
-			return nil, s.noneEligible(req, actionSet, nil) // no agent of the pool has c
-		}
-		if len(cs.all) < len(src.all) {
-			src = cs
-		}
+	src := s.narrowest(req.Pool, actionSet, req.Requires)
+	if src == nil {
+		return nil, s.noneEligible(req, actionSet, nil) // no agent of the pool has one of them
 	}
 	if len(req.Requires) > 0 && len(src.all) > exactLimit {
 		return s.required(req, actionSet, src, commit)

@@ -19,7 +19,15 @@ const sampleSize = 8
 func (s *Selector) pick(available []candidate, req Request, commit bool) *candidate {
 	strategy := s.cfg.strategyOf(req.Pool)
 	if req.Agent != "" {
-		strategy = StrategyScore // one agent: nothing to choose
+		// One agent: nothing to choose. In a round_robin pool the step
+		// still takes that agent's turn: placed on the agent a Peek named
+		// (higher work waits), it left the turn where it was, and the
+		// pool filled one agent at a time.
+		c := best(available, byScore)
+		if c != nil && commit && strategy == StrategyRoundRobin {
+			s.moveTurn(turnOf(req), c.p.ID)
+		}
+		return c
 	}
 	switch strategy {
 	case StrategyStandby:
