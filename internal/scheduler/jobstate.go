@@ -439,16 +439,17 @@ const (
 // need (an inline job has one round, its record). idx names what each
 // write is: a step's index, or -1 for the job record.
 type writeRounds struct {
-	writes [][]jobstore.Write
-	idx    [][]int
+	writes [nRounds][]jobstore.Write
+	idx    [nRounds][]int
+	n      int // the rounds with writes: writes[:n]
 }
 
 // writes returns the records to write for what changed, by round
 // (writeRound), and clears the dirty marks. A step whose record carries
 // the retention TTL is written with it (settleExpiry).
 func (js *jobState) writes(st *jobstore.Store) writeRounds {
-	var writes [nRounds][]jobstore.Write
-	var idx [nRounds][]int
+	var r writeRounds
+	writes, idx := &r.writes, &r.idx
 	if !js.job.Inline {
 		for i := range js.dirtySteps {
 			var w jobstore.Write
@@ -457,10 +458,7 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 			} else {
 				w = st.StepWrite(js.steps[i], js.revs[i])
 			}
-			k, caused := js.rounds[i]
-			if !caused {
-				k = roundOwn
-			}
+			k := js.rounds[i] // roundOwn unless caused by another's change
 			writes[k] = append(writes[k], w)
 			idx[k] = append(idx[k], i)
 		}
@@ -474,12 +472,15 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 		writes[roundJob], idx[roundJob] = []jobstore.Write{st.JobWrite(js.job, js.jobRev)}, []int{-1}
 		js.dirtyJob = false
 	}
-	var r writeRounds
+	// The empty rounds are left out: the others move to the front, in order.
 	for k := range nRounds {
 		if len(writes[k]) > 0 {
-			r.writes = append(r.writes, writes[k])
-			r.idx = append(r.idx, idx[k])
+			writes[r.n], idx[r.n] = writes[k], idx[k]
+			r.n++
 		}
+	}
+	for k := r.n; k < int(nRounds); k++ {
+		writes[k], idx[k] = nil, nil
 	}
 	return r
 }

@@ -518,7 +518,7 @@ func (w *worker) writeRound(ctx context.Context, order []*jobTurn, k int) bool {
 	}
 	var refs []ref
 	for _, jt := range order {
-		if jt.err != nil || k >= len(jt.rounds.writes) {
+		if jt.err != nil || k >= jt.rounds.n {
 			continue
 		}
 		idx := jt.rounds.idx[k]
