@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -27,4 +28,17 @@ func DeleteMsg(ctx context.Context, stream jetstream.Stream, seq uint64) error {
 		return fmt.Errorf("delete message %d of %s: %w (and reading it back: %v)", seq, stream.CachedInfo().Config.Name, err, gerr)
 	}
 	return fmt.Errorf("delete message %d of %s: %w", seq, stream.CachedInfo().Config.Name, err)
+}
+
+// DropConsumer deletes cons, a consumer of stream made for one read (an
+// ordered or ephemeral one), once the read ended or was abandoned: left,
+// it stays on the server until its inactive threshold, which is the bound
+// only for a delete that is lost. The delete is not cut by ctx's end (a
+// read abandoned because its caller left still deletes), only by 2 s.
+func DropConsumer(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
+	if ci := cons.CachedInfo(); ci != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = js.DeleteConsumer(dctx, stream, ci.Name)
+		cancel()
+	}
 }

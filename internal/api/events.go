@@ -16,6 +16,7 @@ import (
 	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/internal/watch"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // The event stream (GET /api/v1/events) is server-sent events of four
@@ -354,11 +355,7 @@ func consume(ctx context.Context, js jetstream.JetStream, stream string, cons je
 	// them up past the cap on streams.
 	context.AfterFunc(ctx, func() {
 		it.Stop()
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = js.DeleteConsumer(dctx, stream, ci.Name)
-			cancel()
-		}
+		streams.DropConsumer(ctx, js, stream, cons)
 	})
 	return func() error {
 		for {

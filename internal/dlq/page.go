@@ -13,6 +13,7 @@ import (
 
 	"github.com/wardenhq/warden/internal/jobstore"
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // MaxPage is the most dead letters one Page returns.
@@ -69,11 +70,7 @@ func (q *Queue) Page(ctx context.Context, after uint64, limit int) ([]Summary, e
 	if err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
-	}()
+	defer streams.DropConsumer(ctx, q.js, protocol.StreamDLQ, cons)
 	batch, err := cons.FetchNoWait(limit)
 	if err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)

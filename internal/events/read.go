@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 const (
@@ -51,7 +52,7 @@ func List(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind, 
 	// The window [start, last] is the first guess: the last limit messages
 	// of the stream, all of this kind.
 	start := first
-	if limit > 0 && last-first+1 > uint64(limit) {
+	if last-first+1 > uint64(limit) {
 		start = last - uint64(limit) + 1
 	}
 	for {
@@ -69,14 +70,14 @@ func List(ctx context.Context, js jetstream.JetStream, kind protocol.EventKind, 
 		}
 		// The events of this kind from start to the end of the stream.
 		pending := cons.CachedInfo().NumPending
-		if limit > 0 && pending < uint64(limit) && start > first {
+		if pending < uint64(limit) && start > first {
 			// Too few in the window: widen it and try again.
-			deleteConsumer(ctx, s, cons)
+			streams.DropConsumer(ctx, js, protocol.StreamEvents, cons)
 			start = widen(first, last, start, pending, uint64(limit))
 			continue
 		}
 		evs, err := read(ctx, cons, pending, limit)
-		deleteConsumer(ctx, s, cons)
+		streams.DropConsumer(ctx, js, protocol.StreamEvents, cons)
 		if err != nil {
 			return nil, fmt.Errorf("read %s events from %d: %w", kind, start, err)
 		}
@@ -100,7 +101,7 @@ func widen(first, last, start, found, limit uint64) uint64 {
 }
 
 // read fetches the pending messages of cons (counted when it was created)
-// and returns the events among them, the last limit (0: all). It stops
+// and returns the events among them, the last limit. It stops
 // early only when the server says nothing more is pending (messages
 // removed meanwhile).
 func read(ctx context.Context, cons jetstream.Consumer, pending uint64, limit int) ([]protocol.Event, error) {
@@ -170,16 +171,7 @@ func fetch(ctx context.Context, cons jetstream.Consumer, n uint64, delivered *ui
 	return got, more, nil
 }
 
-// deleteConsumer removes a consumer List made, even when ctx has ended.
-// A failure is left to the consumer's inactive threshold: the events read
-// are not in question.
-func deleteConsumer(ctx context.Context, s jetstream.Stream, cons jetstream.Consumer) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readWait)
-	defer cancel()
-	_ = s.DeleteConsumer(dctx, cons.CachedInfo().Name)
-}
-
-// tail keeps the last limit events added (0: all). Cut from the front, the
+// tail keeps the last limit events added. Cut from the front, the
 // slice's next growth copies only what it keeps: memory stays O(limit).
 type tail struct {
 	limit int
@@ -190,7 +182,7 @@ func newTail(limit int) *tail { return &tail{limit: limit} }
 
 func (t *tail) add(e protocol.Event) {
 	t.buf = append(t.buf, e)
-	if t.limit > 0 && len(t.buf) > t.limit {
+	if len(t.buf) > t.limit {
 		t.buf = t.buf[len(t.buf)-t.limit:]
 	}
 }

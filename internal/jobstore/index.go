@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/wardenhq/warden/streams"
 )
 
 // An Index keeps every job's entry (JobEntry: id, state, desired, created,
@@ -265,7 +266,7 @@ func (ix *Index) attempt(ctx context.Context, conn <-chan nats.Status, log zerol
 	}
 	defer func() {
 		it.Stop()
-		dropConsumer(ctx, ix.js, ix.store.stream, cons)
+		streams.DropConsumer(ctx, ix.js, ix.store.stream, cons)
 	}()
 	// Next blocks without a context: stop the iterator when actx ends.
 	stop := context.AfterFunc(actx, it.Stop)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // Listing jobs without reading every record.
@@ -285,7 +286,7 @@ func (s *Store) scanJobs(ctx context.Context, js jetstream.JetStream) ([]JobEntr
 	}
 	defer func() {
 		it.Stop()
-		dropConsumer(ctx, js, stream, cons)
+		streams.DropConsumer(ctx, js, stream, cons)
 	}()
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return nil, last, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wardenhq/warden/pkg/protocol"
+	"github.com/wardenhq/warden/streams"
 )
 
 // entry is one record read from the bucket's stream.
@@ -294,7 +295,7 @@ func (s *Store) lastByConsumer(ctx context.Context, filters []string) (map[strin
 	// Every read of a wide job made one, and each stayed on the server
 	// for nats.go's default threshold (5 minutes): a dashboard showing one
 	// such job kept about 150 alive.
-	defer dropConsumer(ctx, s.js, s.stream, cons)
+	defer streams.DropConsumer(ctx, s.js, s.stream, cons)
 	out := make(map[string]entry)
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
 		return out, nil
@@ -355,25 +356,14 @@ type Snapshot struct {
 
 // Load reads a job and all its steps in one batched get (the job record
 // and every step record, as of one point of the stream: a consistent
-// snapshot). A job whose steps live inline has no step records.
+// snapshot). A job whose steps live inline has no step records. A read
+// a replica behind the stream's leader answered is made again after 10,
+// 20 … 160 ms before ErrBehindLeader is returned (LoadOnce does not wait).
 func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
-	jobKey := protocol.JobKey(jobID)
-	var (
-		got map[string]entry
-		je  entry
-	)
 	for wait := behindRetry; ; wait *= 2 {
-		var err error
-		if got, err = s.multiLast(ctx, []string{jobKey, protocol.StepKeysFilter(jobID)}); err != nil {
-			return nil, err
-		}
-		var ok bool
-		if je, ok = got[jobKey]; ok {
-			break
-		}
-		err = s.missing(ctx, jobKey)
+		snap, err := s.LoadOnce(ctx, jobID)
 		if !errors.Is(err, ErrBehindLeader) || wait > behindRetryMax {
-			return nil, err
+			return snap, err
 		}
 		// The replica that answered lags the leader, by milliseconds
 		// as a rule: its steps would be as stale as its job. Read again
@@ -384,10 +374,26 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 		case <-time.After(wait):
 		}
 	}
-	delete(got, jobKey)
-	j, err := decodeJob(je.data)
+}
+
+// LoadOnce is Load without its waits: ErrBehindLeader (a conflict) at
+// once when a replica behind the stream's leader answered. For a caller
+// that reads again on a conflict its own way (the scheduler puts the
+// job's inputs back), which Load's waits would only hold up.
+func (s *Store) LoadOnce(ctx context.Context, jobID string) (*Snapshot, error) {
+	jobKey := protocol.JobKey(jobID)
+	got, err := s.multiLast(ctx, []string{jobKey, protocol.StepKeysFilter(jobID)})
 	if err != nil {
-		return nil, fmt.Errorf("%w %s: %w", ErrUndecodable, jobKey, err)
+		return nil, err
+	}
+	je, ok := got[jobKey]
+	if !ok {
+		return nil, s.missing(ctx, jobKey)
+	}
+	delete(got, jobKey)
+	j, err := jobOf(je)
+	if err != nil {
+		return nil, err
 	}
 	rev := je.rev
 	snap := &Snapshot{Job: j, JobRev: rev, Revs: make(map[string]uint64, len(j.Spec.Steps))}
@@ -403,12 +409,12 @@ func (s *Store) Load(ctx context.Context, jobID string) (*Snapshot, error) {
 		order[sp.ID] = i
 	}
 	for _, e := range got {
-		var st Step
-		if err := json.Unmarshal(e.data, &st); err != nil {
-			return nil, fmt.Errorf("%w %s: %w", ErrUndecodable, e.key, err)
+		st, rev, err := stepOf(e)
+		if err != nil {
+			return nil, err
 		}
-		snap.Steps = append(snap.Steps, &st)
-		snap.Revs[st.ID] = e.rev
+		snap.Steps = append(snap.Steps, st)
+		snap.Revs[st.ID] = rev
 		if e.expiring {
 			if snap.Expiring == nil {
 				snap.Expiring = map[string]bool{}
@@ -432,13 +438,3 @@ func (s *Snapshot) Versioned() []VersionedStep {
 // stepReadConcurrency bounds the single-record reads one caller has in
 // flight at once (listings read a page of jobs concurrently).
 const stepReadConcurrency = 32
-
-// dropConsumer deletes an ordered consumer read to its end (or abandoned):
-// left, it stays on the server until its inactive threshold.
-func dropConsumer(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
-	if ci := cons.CachedInfo(); ci != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		_ = js.DeleteConsumer(dctx, stream, ci.Name)
-		cancel()
-	}
-}

@@ -86,9 +86,9 @@ func (s *Store) Job(ctx context.Context, id string) (*Job, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	j, err := decodeJob(e.data)
+	j, err := jobOf(e)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(id), err)
+		return nil, 0, err
 	}
 	return j, e.rev, nil
 }
@@ -114,9 +114,9 @@ func (s *Store) Step(ctx context.Context, job, step string) (*Step, uint64, erro
 		return stepOf(e)
 	}
 	if e, ok := got[protocol.JobKey(job)]; ok {
-		j, err := decodeJob(e.data)
+		j, err := jobOf(e)
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(job), err)
+			return nil, 0, err
 		}
 		if j.Inline {
 			if st := j.Step(step); st != nil {
@@ -160,9 +160,9 @@ func (s *Store) UpdateStep(ctx context.Context, st *Step, rev uint64) (uint64, e
 	if e.rev != rev {
 		return 0, fmt.Errorf("update %s at revision %d: %w", protocol.JobKey(st.JobID), rev, ErrConflict)
 	}
-	j, err := decodeJob(e.data)
+	j, err := jobOf(e)
 	if err != nil {
-		return 0, fmt.Errorf("%w %s: %w", ErrUndecodable, protocol.JobKey(st.JobID), err)
+		return 0, err
 	}
 	if !j.ReplaceStep(st) {
 		return 0, fmt.Errorf("update %s: %w", protocol.StepKey(st.JobID, st.ID), ErrNotFound)
@@ -223,10 +223,11 @@ func (j *Job) ReplaceStep(st *Step) bool {
 	return false
 }
 
-func decodeJob(b []byte) (*Job, error) {
+// jobOf decodes a job record (ErrUndecodable if it is not one).
+func jobOf(e entry) (*Job, error) {
 	var j Job
-	if err := json.Unmarshal(b, &j); err != nil {
-		return nil, err
+	if err := json.Unmarshal(e.data, &j); err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrUndecodable, e.key, err)
 	}
 	for _, st := range j.Steps {
 		st.inline = true

@@ -143,7 +143,7 @@ func (w *worker) load(ctx context.Context, jt *jobTurn, now time.Time) (*jobStat
 	}
 	lctx, cancel := context.WithTimeout(ctx, w.s.cfg.WriteTimeout.Std())
 	defer cancel()
-	snap, err := w.s.store.Load(lctx, jt.id)
+	snap, err := w.s.store.LoadOnce(lctx, jt.id) // a conflict puts the inputs back (turn)
 	if errors.Is(err, jobstore.ErrNotFound) {
 		for k, in := range jt.inputs {
 			switch {
