@@ -45,8 +45,8 @@ func (c *Client) Follow(ctx context.Context, jobID string, onUpdate func(Update)
 	return c.FollowSubmission(ctx, Receipt{JobID: jobID}, onUpdate)
 }
 
-// follow is Follow; while the job has no record it also calls poll (if
-// set) every rejectionPoll, and ends with poll's error.
+// follow is Follow; while the job has no record it also calls poll every
+// rejectionPoll, and ends with poll's error.
 func (c *Client) follow(ctx context.Context, jobID string, onUpdate func(Update), poll func(context.Context) error) (*Job, error) {
 	if !protocol.ValidToken(jobID) {
 		return nil, fmt.Errorf("job %q: %w", jobID, ErrNotFound)
@@ -65,12 +65,9 @@ func (c *Client) follow(ctx context.Context, jobID string, onUpdate func(Update)
 
 	f := follower{steps: map[string]*Step{}}
 	initial := true
-	var tick <-chan time.Time
-	if poll != nil {
-		t := time.NewTicker(rejectionPoll)
-		defer t.Stop()
-		tick = t.C
-	}
+	t := time.NewTicker(rejectionPoll)
+	defer t.Stop()
+	tick := t.C
 	for {
 		select {
 		case <-ctx.Done():

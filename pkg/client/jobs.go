@@ -79,38 +79,6 @@ type JobDetail struct {
 	StartsAt time.Time `json:"starts_at,omitzero"`
 }
 
-// readJob reads job id's record, again when the read raced the record's
-// creation: the direct get found nothing, then the stream's leader had it
-// (jobstore.ErrBehindLeader, also what a replica that lags answers). A
-// delayed job shown at its release failed `warden job show` with exit 2.
-func readJob(ctx context.Context, st *jobstore.Store, id string) (*jobstore.Job, error) {
-	return readAgain(ctx, func() (*jobstore.Job, error) {
-		j, _, err := st.Job(ctx, id)
-		return j, err
-	})
-}
-
-// readAgain runs read again while a replica behind the stream's leader
-// answers it (jobstore.ErrBehindLeader), at most readTries times: the
-// job's record and its steps' are read from any replica, and the steps'
-// read failed `warden job show` with exit 2 (conflict) as the job's did.
-func readAgain[T any](ctx context.Context, read func() (T, error)) (T, error) {
-	for try := 1; ; try++ {
-		v, err := read()
-		if !errors.Is(err, jobstore.ErrBehindLeader) || try == readTries {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, ctx.Err()
-		case <-time.After(time.Duration(try) * 20 * time.Millisecond):
-		}
-	}
-}
-
-// readTries bounds readAgain's reads (200 ms of waits in all).
-const readTries = 5
-
 // Job reads one job and its steps, without their lease tokens (records.go).
 // A job accepted but not made yet (held until its start time, or queued for
 // a scheduler) is reported from its submission, with Held set. ErrNotFound
@@ -123,7 +91,9 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	j, err := readJob(ctx, st, id)
+	// One read of the job and its steps (a snapshot), made again by the
+	// store while a replica behind the stream's leader answers it.
+	snap, err := st.Load(ctx, id)
 	if errors.Is(err, jobstore.ErrNotFound) {
 		h, herr := c.findHeld(ctx, id)
 		switch {
@@ -136,7 +106,7 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 			}
 		default:
 			// Not held: it may have become a record since.
-			j, err = readJob(ctx, st, id)
+			snap, err = st.Load(ctx, id)
 		}
 	}
 	if errors.Is(err, jobstore.ErrNotFound) {
@@ -145,13 +115,9 @@ func (c *Client) Job(ctx context.Context, id string) (JobDetail, error) {
 	if err != nil {
 		return JobDetail{}, err
 	}
-	vs, err := readAgain(ctx, func() ([]jobstore.VersionedStep, error) { return st.Steps(ctx, j) })
-	if err != nil {
-		return JobDetail{}, err
-	}
-	d := JobDetail{Job: redactJob(j), Steps: make([]*Step, 0, len(vs))}
-	for _, s := range vs {
-		d.Steps = append(d.Steps, redactStep(s.Step))
+	d := JobDetail{Job: redactJob(snap.Job), Steps: make([]*Step, 0, len(snap.Steps))}
+	for _, s := range snap.Steps {
+		d.Steps = append(d.Steps, redactStep(s))
 	}
 	return d, nil
 }
