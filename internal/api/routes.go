@@ -460,11 +460,8 @@ func (s *Server) showCluster(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) putCluster(create bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var d protocol.ClusterDefinition
-		if err := decodeStrict(r.Body, &d); err != nil {
-			if isTransport(err) {
-				return bodyError(err)
-			}
-			return &ops.Error{Code: ops.CodeInvalid, Msg: "malformed cluster definition (JSON)", Err: err}
+		if err := decodeBody(r.Body, &d, "cluster definition"); err != nil {
+			return err
 		}
 		st := http.StatusCreated
 		if !create {
@@ -506,11 +503,8 @@ func (s *Server) clusterRequest(op string) handler {
 				To     string `json:"to"`
 				Reason string `json:"reason"`
 			}
-			if err := decodeStrict(r.Body, &b); err != nil && !errors.Is(err, io.EOF) {
-				if isTransport(err) {
-					return bodyError(err)
-				}
-				return &ops.Error{Code: ops.CodeInvalid, Msg: "malformed request (JSON)", Err: err}
+			if err := decodeBody(r.Body, &b, "request"); err != nil && !errors.Is(err, io.EOF) {
+				return err
 			}
 			req.From, req.To, req.Reason = b.From, b.To, b.Reason
 		}
@@ -523,21 +517,28 @@ func (s *Server) clusterRequest(op string) handler {
 	}
 }
 
-// decodeStrict decodes the one JSON value of body into v: an unknown
+// decodeBody decodes the one JSON value of body into v: an unknown
 // field or anything after the value is an error (job specs are read so
-// too). A typo ("form" for "from") asked for a failover from no member,
-// as if none had been named. io.EOF for an empty body.
-func decodeStrict(body io.Reader, v any) error {
+// too; a typo, "form" for "from", asked for a failover from no member, as
+// if none had been named). io.EOF for an empty body; a body that did not
+// arrive is bodyError's; anything else is invalid_argument, naming what.
+func decodeBody(body io.Reader, v any, what string) error {
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		if err != nil && isTransport(err) {
-			return err
+	err := dec.Decode(v)
+	if err == nil {
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = terr
+			if err == nil {
+				err = errors.New("data after the JSON value")
+			}
 		}
-		return errors.New("data after the JSON value")
 	}
-	return nil
+	switch {
+	case err == nil, err == io.EOF: // io.EOF: no value at all
+		return err
+	case isTransport(err):
+		return bodyError(err)
+	}
+	return &ops.Error{Code: ops.CodeInvalid, Msg: "malformed " + what + " (JSON)", Err: err}
 }

@@ -120,7 +120,7 @@ func New(cfg Config, nc *nats.Conn, o *ops.Ops, opts ...Option) (*Server, error)
 // wrap): before it answers, net/http reads what is left of the body (up to
 // 256 KiB), and with no deadline a client that promised a body and never
 // sent it held the connection and its goroutine for good, with no token.
-// wrap moves the deadline for its routes (none for an event stream).
+// wrap lifts it for an event stream.
 func (s *Server) bounded(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
@@ -173,18 +173,25 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 	closing, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopStreams()
 	s.closing = closing
+	// A request still running when the shutdown's grace is about to end
+	// is cut (errShuttingDown) in time to be answered: closed with the
+	// connection, a failover that went through looked like no answer,
+	// and a client asked again.
+	base, cutAll := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cutAll(nil)
 	// Every connection is bounded: an idle keep-alive one is closed
 	// after idleTimeout, a response must be written within
 	// request_timeout and two margins (the event stream moves its own
-	// write deadline at each write), and wrap bounds reading a request's
-	// body. No ReadTimeout: it would cancel an event stream's context.
+	// write deadline at each write), and bounded bounds reading a
+	// request's body. No ReadTimeout: it would cancel an event stream's
+	// context.
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       s.idleTimeout,
 		WriteTimeout:      s.cfg.RequestTimeout + 2*deadlineMargin,
 		MaxHeaderBytes:    64 << 10,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		BaseContext:       func(net.Listener) context.Context { return base },
 	}
 	srv.RegisterOnShutdown(stopStreams)
 	if ready != nil {
@@ -198,6 +205,8 @@ func (s *Server) Run(ctx context.Context, ready func(addr string)) error {
 		return err
 	case <-ctx.Done():
 	}
+	cut := time.AfterFunc(shutdownGrace-answerMargin, func() { cutAll(errShuttingDown) })
+	defer cut.Stop()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -271,40 +280,23 @@ func (s *Server) wrap(rt route) http.Handler {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 		if !rt.Stream {
+			// Its body must arrive by bounded's read deadline, just after
+			// this one: work cut by the deadline ends on its timeout, not
+			// on the read's cancel of the connection's context.
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 			defer cancel()
 			r = r.WithContext(ctx)
-			// The body must arrive by then: a read blocked on a slow
-			// client ignores ctx (io.ReadAll). Just after the request's
-			// deadline, so that work cut by the deadline ends on its
-			// timeout, not on the read's cancel of the connection's
-			// context.
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout + deadlineMargin))
-			if s.closing != nil {
-				// A request still running when the shutdown's grace is
-				// about to end is cut in time to be answered: closed
-				// with the connection, a failover that went through
-				// looked like no answer, and a client asked again.
-				cctx, cut := context.WithCancelCause(r.Context())
-				defer cut(nil)
-				stop := context.AfterFunc(s.closing, func() {
-					t := time.AfterFunc(shutdownGrace-answerMargin, func() { cut(errShuttingDown) })
-					context.AfterFunc(cctx, func() { t.Stop() })
-				})
-				defer stop()
-				r = r.WithContext(cctx)
-			}
 		} else {
 			// A read deadline would end the stream's context (net/http
 			// reads the connection to notice the client leaving).
 			_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-		}
-		if rt.Stream && s.closing != nil {
-			ctx, cancel := context.WithCancel(r.Context())
-			defer cancel()
-			stop := context.AfterFunc(s.closing, cancel)
-			defer stop()
-			r = r.WithContext(ctx)
+			if s.closing != nil {
+				ctx, cancel := context.WithCancel(r.Context())
+				defer cancel()
+				stop := context.AfterFunc(s.closing, cancel)
+				defer stop()
+				r = r.WithContext(ctx)
+			}
 		}
 		if err := rt.h(w, r); err != nil {
 			if errors.Is(context.Cause(r.Context()), errShuttingDown) {

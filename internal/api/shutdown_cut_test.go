@@ -9,11 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/wardenhq/warden/internal/api"
-	"github.com/wardenhq/warden/internal/jobstore"
-	"github.com/wardenhq/warden/internal/natstest"
-	"github.com/wardenhq/warden/internal/ops"
 	"github.com/wardenhq/warden/pkg/protocol"
-	"github.com/wardenhq/warden/streams"
 )
 
 // A request still running when the shutdown's grace is about to end is
@@ -26,14 +22,8 @@ import (
 // Old code: "failover in progress at shutdown got no answer: … EOF".
 func TestShutdownAnswersARequestItCuts(t *testing.T) {
 	t.Parallel()
-	srv := natstest.New(t)
-	nc, js := srv.Connect(t)
-	srv.Ensure(t, js, streams.Options{TaskShards: 1})
-	st, _ := jobstore.Open(ctx(t), js)
-	s, err := api.New(api.Config{Listen: "127.0.0.1:0", AnonymousScope: api.ScopeAdmin}, nc, ops.New(nc, st))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, js := newServer(t, api.Config{Listen: "127.0.0.1:0", AnonymousScope: api.ScopeAdmin})
+	nc := js.Conn()
 	asked := make(chan struct{}, 1)
 	sub, _ := nc.Subscribe(protocol.SubjectControlFailover, func(m *nats.Msg) {
 		asked <- struct{}{}
