@@ -27,20 +27,9 @@ func cachedKeys(l *Limiter) int {
 // (of 1100)".
 func TestKeysReleasedElsewhereAreSwept(t *testing.T) {
 	t.Parallel()
-	srv := natstest.New(t)
-	_, js := srv.Connect(t)
 	ctx := context.Background()
-	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(ctx, js, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(ctx, js, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ls := limiters(t, 2)
+	a, b := ls[0], ls[1]
 	// Short leases: most are over by the time the map reaches minSweep.
 	const n = minSweep + 76
 	for i := range n {
@@ -55,4 +44,24 @@ func TestKeysReleasedElsewhereAreSwept(t *testing.T) {
 	if got := cachedKeys(a); got > n/4 {
 		t.Fatalf("limiter a keeps state for %d keys no one holds any more (of %d)", got, n)
 	}
+}
+
+// limiters returns n limiters of one deployment, as n schedulers' are.
+func limiters(t *testing.T, n int) []*Limiter {
+	t.Helper()
+	srv := natstest.New(t)
+	_, js := srv.Connect(t)
+	ctx := context.Background()
+	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]*Limiter, n)
+	for i := range out {
+		l, err := New(ctx, js, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = l
+	}
+	return out
 }

@@ -5,25 +5,14 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/wardenhq/warden/internal/natstest"
-	"github.com/wardenhq/warden/streams"
 )
 
 // TestIdleKeysAreForgotten: a process keeps state only for the keys it is
 // using or caches; keys used once (per-entity keys) do not pile up in it.
 func TestIdleKeysAreForgotten(t *testing.T) {
 	t.Parallel()
-	srv := natstest.New(t)
-	_, js := srv.Connect(t)
 	ctx := context.Background()
-	if err := streams.EnsureWorkflow(ctx, js, streams.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	l, err := New(ctx, js, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := limiters(t, 1)[0]
 	for i := range 100 {
 		key := fmt.Sprintf("customer-%d", i)
 		if ok, _, err := l.Acquire(ctx, key, 1, "j.s", time.Minute); err != nil || !ok {

@@ -8,9 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/spec"
-	"github.com/wardenhq/warden/streams"
 )
 
 // rewriteAfterInfo is a JetStream whose Stream call, once armed, runs
@@ -41,13 +39,7 @@ func (r *rewriteAfterInfo) Stream(ctx context.Context, name string) (jetstream.S
 // listing: [old] (matched 1)".
 func TestIndexCatchUpWaitsForAJobRewrittenDuringTheListing(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, s, js := openStore(t, 30*time.Second)
 	sp := spec.Job{Name: "x", Steps: []spec.Step{{ID: "a", Action: "echo"}}}
 	if _, err := s.CreateJob(ctx, NewJob("old", sp, time.Now().Add(-time.Minute))); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/wardenhq/warden/internal/natstest"
 	"github.com/wardenhq/warden/pkg/protocol"
 	"github.com/wardenhq/warden/streams"
@@ -20,13 +22,7 @@ import (
 // key that is there.
 func TestMissingAsksTheStreamLeader(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, s, _ := openStore(t, 10*time.Second)
 	kv := s.KV()
 	present, gone := protocol.JobKey("present"), protocol.JobKey("gone")
 	for _, k := range []string{present, gone} {
@@ -71,13 +67,7 @@ func TestMissingAsksTheStreamLeader(t *testing.T) {
 // record).
 func TestLeaderLastReturnsTheLeadersRecord(t *testing.T) {
 	t.Parallel()
-	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := Open(ctx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, s, _ := openStore(t, 10*time.Second)
 	key := protocol.StepKey("j", "a")
 	rev, err := s.KV().Put(ctx, key, []byte(`{"id":"a","state":"running"}`))
 	if err != nil {
@@ -97,4 +87,18 @@ func TestLeaderLastReturnsTheLeadersRecord(t *testing.T) {
 	if _, err := s.leaderLast(ctx, key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("leaderLast of a deleted key: %v, want ErrNotFound", err)
 	}
+}
+
+// openStore opens a job store on a server of its own; ctx ends after d,
+// or with the test.
+func openStore(t *testing.T, d time.Duration) (context.Context, *Store, jetstream.JetStream) {
+	t.Helper()
+	_, _, js := natstest.Start(t, streams.Options{TaskShards: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	s, err := Open(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, s, js
 }
