@@ -458,7 +458,7 @@ func (js *jobState) writes(st *jobstore.Store) writeRounds {
 			} else {
 				w = st.StepWrite(js.steps[i], js.revs[i])
 			}
-			k := js.rounds[i] // roundOwn unless caused by another's change
+			k := max(roundOwn, js.rounds[i]) // a later round if another's change caused it
 			writes[k] = append(writes[k], w)
 			idx[k] = append(idx[k], i)
 		}
